@@ -1,0 +1,41 @@
+"""secagg-roc: validate a prediction model on data no one may pool.
+
+Sites secret-share their local sums across non-colluding aggregators; only
+totals are reconstructed. On top sit the statistics of the distributed ROC-GLM
+(Schalk et al.): DP survivor functions, the ROC-GLM by distributed Fisher
+scoring, its AUC with DeLong confidence intervals, the Brier score and
+calibration curves.
+"""
+
+from .errors import (
+    CombineError,
+    ConfigError,
+    EncodingError,
+    MessageError,
+    PrivacyError,
+    RoundError,
+    SecAggError,
+    SiteQueryError,
+)
+from .federation import LocalFederation
+from .ring import Encoding, FixedPoint
+from .study import LocalStudy, Study, Totals
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CombineError",
+    "ConfigError",
+    "Encoding",
+    "EncodingError",
+    "FixedPoint",
+    "LocalFederation",
+    "LocalStudy",
+    "MessageError",
+    "PrivacyError",
+    "RoundError",
+    "SecAggError",
+    "SiteQueryError",
+    "Study",
+    "Totals",
+]

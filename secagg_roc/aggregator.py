@@ -1,0 +1,254 @@
+"""The aggregation round state machine, run by each Aggregator. Pure: no I/O.
+
+A `Round` accepts one share per registered site, checks every share before it
+touches state, and releases its aggregate share once, over the contributor set
+the analyst agreed with all aggregators, and only if that set has at least
+`min_sites` sites and `privacy_level` records. An `Aggregator` holds the
+rounds of one study and answers messages; the deployed service wraps it with
+HTTP and SQLite and feeds it exactly the same messages.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import prg
+from .errors import MessageError, PrivacyError, RoundError
+from .messages import (
+    AggregateShare,
+    CloseRound,
+    InputShare,
+    Message,
+    Query,
+    RoundId,
+    RoundStatus,
+    StatusRequest,
+    check_name,
+)
+from .queries import query_digest
+from .sharing import Payload, SharingScheme
+
+NOT_COUNTED = -1
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """The public rules of every round in a study, identical at every aggregator."""
+
+    sites: frozenset[str]
+    min_sites: int = 2
+    privacy_level: int = 5
+    #: Deployed studies set this: a share without a record count is refused.
+    require_records: bool = False
+    max_length: int = 1 << 27
+
+    def __post_init__(self) -> None:
+        if self.min_sites < 1:
+            raise ValueError("min_sites must be >= 1")
+        if self.privacy_level < 0:
+            raise ValueError("privacy_level must be >= 0")
+        for s in self.sites:
+            check_name(s, "site")
+
+
+class RoundState(enum.Enum):
+    OPEN = "open"
+    RELEASED = "released"
+
+
+class Round:
+    """One round at one aggregator (run by that Aggregator)."""
+
+    def __init__(self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme):
+        self.query = query
+        self.round_id = query.round_id
+        self.index = index
+        self.policy = policy
+        self.scheme = scheme
+        self.state = RoundState.OPEN
+        self.accepted: dict[str, InputShare] = {}
+        self.released: AggregateShare | None = None
+
+    # -- submissions ---------------------------------------------------------
+
+    def submit(self, share: InputShare) -> bool:
+        """Accept `share`; True if new, False for an identical resubmission.
+
+        Raises `RoundError`/`MessageError` without changing state for anything else.
+        """
+        self._check_share(share)
+        previous = self.accepted.get(share.site)
+        if previous is not None:
+            if _same_payload(previous, share):
+                return False
+            raise RoundError(f"site {share.site!r} already submitted a different share to {self.round_id}")
+        self.accepted[share.site] = share
+        return True
+
+    def _check_share(self, share: InputShare) -> None:
+        rid = self.round_id
+        if share.round_id != rid:
+            if (share.round_id.study, share.round_id.number) == (rid.study, rid.number):
+                raise RoundError(f"share for {share.round_id} was computed for a different query than {rid}")
+            raise RoundError(f"share for {share.round_id} sent to {rid}")
+        if share.aggregator != self.index:
+            raise RoundError(f"share addressed to aggregator {share.aggregator}, this is aggregator {self.index}")
+        if share.site not in self.policy.sites:
+            raise RoundError(f"unknown site {share.site!r}: not registered in study {rid.study!r}")
+        if self.state is not RoundState.OPEN:
+            raise RoundError(f"{rid} is closed; share from {share.site!r} refused")
+        length = share.length
+        if length == 0 or length > self.policy.max_length:
+            raise MessageError(f"share length {length} outside 1..{self.policy.max_length}")
+        if share.seed is not None:
+            if not self.scheme.accepts_seeds:
+                raise MessageError(f"the {self.scheme.name} scheme carries vectors, not seeds")
+            if len(share.seed) != prg.SEED_BYTES:
+                raise MessageError(f"a seed is {prg.SEED_BYTES} bytes, got {len(share.seed)}")
+        else:
+            v = share.vector
+            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.shape != (length,):
+                raise MessageError(f"share vector must be uint64 of shape ({length},)")
+        if share.records == NOT_COUNTED and self.policy.require_records:
+            raise MessageError("this study requires a record count with every share")
+        if share.records < NOT_COUNTED:
+            raise MessageError(f"record count {share.records} is negative")
+        if not share.encoding.integer and share.encoding.frac_bits != self.query.frac_bits:
+            raise RoundError(
+                f"share from {share.site!r} has frac_bits={share.encoding.frac_bits}, the query asked for {self.query.frac_bits}"
+            )
+        first = next(iter(self.accepted.values()), None)
+        if first is not None and first.site != share.site:
+            if share.layout != first.layout:
+                raise RoundError(f"share from {share.site!r} has layout {share.layout}, round has {first.layout}")
+            if share.encoding != first.encoding:
+                raise RoundError(f"share from {share.site!r} has encoding {share.encoding}, round has {first.encoding}")
+            if (share.records == NOT_COUNTED) != (first.records == NOT_COUNTED):
+                raise RoundError("either every share of a round carries a record count or none does")
+
+    # -- release ------------------------------------------------------------
+
+    def status(self) -> RoundStatus:
+        return RoundStatus(self.round_id, tuple(sorted(self.accepted)), self.released is not None)
+
+    def close(self, contributors: tuple[str, ...]) -> AggregateShare:
+        """Release this aggregator's share of the total over `contributors` (once)."""
+        agreed = tuple(sorted(contributors))
+        if len(set(agreed)) != len(agreed):
+            raise RoundError("the contributor set lists a site twice")
+        if self.released is not None:
+            if self.released.contributors == agreed:
+                return self.released  # the same release again reveals nothing new
+            raise PrivacyError(
+                f"{self.round_id} was released over {list(self.released.contributors)}; a second release "
+                f"over {list(agreed)} would reveal the difference between them"
+            )
+        missing = [s for s in agreed if s not in self.accepted]
+        if missing:
+            raise RoundError(f"cannot close {self.round_id}: no share from {missing} at aggregator {self.index}")
+        if len(agreed) < self.policy.min_sites:
+            raise PrivacyError(
+                f"{self.round_id}: {len(agreed)} contributing site(s), fewer than min_sites={self.policy.min_sites}"
+            )
+        shares = [self.accepted[s] for s in agreed]
+        counted = shares[0].records != NOT_COUNTED
+        records = sum(s.records for s in shares) if counted else NOT_COUNTED
+        if counted and records < self.policy.privacy_level:
+            raise PrivacyError(
+                f"{self.round_id}: the total covers {records} record(s), fewer than the privacy level "
+                f"q={self.policy.privacy_level}"
+            )
+        acc = np.zeros(shares[0].length, dtype=np.uint64)
+        for s in shares:
+            self.scheme.accumulate(acc, Payload(seed=s.seed, vector=s.vector))
+        self.released = AggregateShare(
+            self.round_id, self.index, agreed, records, shares[0].encoding, shares[0].layout, acc
+        )
+        self.state = RoundState.RELEASED
+        self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
+        return self.released
+
+
+def _stub(share: InputShare) -> InputShare:
+    """The share without its payload: kept after release only for status queries."""
+    return InputShare(share.round_id, share.site, share.aggregator, share.encoding, share.records, share.layout, seed=b"")
+
+
+def _same_payload(a: InputShare, b: InputShare) -> bool:
+    if (a.encoding, a.records, a.layout) != (b.encoding, b.records, b.layout):
+        return False
+    if a.seed is not None or b.seed is not None:
+        return a.seed == b.seed
+    return bool(np.array_equal(a.vector, b.vector))
+
+
+class Aggregator:
+    """Aggregator `index` of study `study`: its rounds, and its answers to messages."""
+
+    def __init__(
+        self,
+        study: str,
+        index: int,
+        policy: RoundPolicy,
+        scheme: SharingScheme,
+        *,
+        max_open_rounds: int = 64,
+    ):
+        self.study = check_name(study, "study id")
+        self.index = index
+        self.policy = policy
+        self.scheme = scheme
+        self.max_open_rounds = max_open_rounds
+        self.rounds: dict[int, Round] = {}
+
+    @property
+    def name(self) -> str:
+        return f"aggregator-{self.index}"
+
+    def open(self, query: Query) -> RoundStatus:
+        """Open the round for `query` (idempotent for the same query)."""
+        rid = query.round_id
+        self._check_study(rid)
+        expected = query_digest(rid.study, query.name, query.params, query.frac_bits)
+        if expected != rid.query:
+            raise MessageError(f"round {rid.number}: query digest does not match {query.name!r} and its parameters")
+        existing = self.rounds.get(rid.number)
+        if existing is not None:
+            if existing.round_id != rid:
+                raise RoundError(f"round {rid.number} of {rid.study!r} is already open for a different query")
+            return existing.status()
+        if self.open_rounds() >= self.max_open_rounds:
+            raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
+        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme)
+        return self.rounds[rid.number].status()
+
+    def open_rounds(self) -> int:
+        return sum(r.state is RoundState.OPEN for r in self.rounds.values())
+
+    def round(self, rid: RoundId) -> Round:
+        self._check_study(rid)
+        r = self.rounds.get(rid.number)
+        if r is None:
+            raise RoundError(f"no open round {rid.number} in study {rid.study!r} at aggregator {self.index}")
+        return r
+
+    def _check_study(self, rid: RoundId) -> None:
+        if rid.study != self.study:
+            raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.study!r}")
+
+    def handle(self, message: Message) -> Message:
+        """Apply one message and return the reply. Errors raise; state is unchanged by them."""
+        if isinstance(message, Query):
+            return self.open(message)
+        if isinstance(message, InputShare):
+            r = self.round(message.round_id)
+            r.submit(message)
+            return r.status()
+        if isinstance(message, StatusRequest):
+            return self.round(message.round_id).status()
+        if isinstance(message, CloseRound):
+            return self.round(message.round_id).close(message.contributors)
+        raise MessageError(f"an aggregator does not accept {message.kind} messages")

@@ -1,0 +1,40 @@
+"""Exceptions raised by secagg-roc.
+
+Every error names what was wrong and, where there is one, how to fix it. The
+hierarchy lets a service map errors to responses (a `MessageError` is the
+sender's fault, a `RoundError` a protocol-order problem) without string matching.
+"""
+
+from __future__ import annotations
+
+
+class SecAggError(Exception):
+    """Base class of every error this library raises on purpose."""
+
+
+class EncodingError(SecAggError, ValueError):
+    """A value cannot be encoded in the ring (NaN, infinity, or it could wrap when summed)."""
+
+
+class MessageError(SecAggError, ValueError):
+    """A message is malformed: bad bytes, version, lengths, dtype, shape or identifiers."""
+
+
+class RoundError(SecAggError):
+    """A message does not fit the state of its round (unknown site, duplicate, closed round...)."""
+
+
+class PrivacyError(SecAggError):
+    """A release would break a privacy rule (fewer than `min_sites` sites or `q` records...)."""
+
+
+class CombineError(SecAggError):
+    """Aggregate shares that do not belong together (round, contributor set, encoding)."""
+
+
+class SiteQueryError(SecAggError, ValueError):
+    """A site query refused its parameters or its data; the message names the site."""
+
+
+class ConfigError(SecAggError, ValueError):
+    """A study definition, key file or command-line setting is invalid."""

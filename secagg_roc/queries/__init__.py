@@ -1,0 +1,28 @@
+"""Named site queries: the only code that reads records (run by each Site)."""
+
+from .registry import (
+    QUERIES,
+    QueryResult,
+    SiteData,
+    SiteQuery,
+    canonical_params,
+    lookup,
+    query_digest,
+    run_site_query,
+    site_query,
+)
+
+# Built-in queries register themselves on import.
+from . import basic  # noqa: E402,F401
+
+__all__ = [
+    "QUERIES",
+    "QueryResult",
+    "SiteData",
+    "SiteQuery",
+    "canonical_params",
+    "lookup",
+    "query_digest",
+    "run_site_query",
+    "site_query",
+]

@@ -1,0 +1,143 @@
+"""Fixed-point codec between float64/int arrays and the ring Z_2^64.
+
+Values are stored as two's-complement integers in ``uint64`` so that numpy's
+wrapping unsigned arithmetic *is* arithmetic mod 2^64. Floats are scaled by
+2^frac_bits and rounded; integers are stored unscaled and sum exactly. Encoding
+refuses any value that could wrap the ring once `max_sites` such values are
+summed, because a wrapped total decodes to a plausible but wrong number.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import EncodingError
+
+RING_BITS = 64
+_HALF = 1 << (RING_BITS - 1)
+# Floats are encoded in chunks small enough to stay in cache, so scaling,
+# rounding and the range check cost one pass over memory, not four.
+_CHUNK = 1 << 15
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How a ring vector decodes: `frac_bits` of scale, and whether it holds integers.
+
+    This travels with every share so that the analyst decodes integers as integers.
+    """
+
+    frac_bits: int
+    integer: bool
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.frac_bits <= 62:
+            raise EncodingError(f"frac_bits must be in 0..62, got {self.frac_bits}")
+        if self.integer and self.frac_bits != 0:
+            raise EncodingError("an integer encoding has frac_bits = 0")
+
+    def decode(self, values: np.ndarray) -> np.ndarray:
+        """Ring values (uint64) -> int64 for integer encodings, float64 otherwise."""
+        signed = np.asarray(values, dtype=np.uint64).view(np.int64)
+        if self.integer:
+            return signed.copy()
+        return signed * (2.0 ** -self.frac_bits)
+
+
+INTEGER = Encoding(0, True)
+
+
+class FixedPoint:
+    """Fixed-point codec over Z_2^64.
+
+    `frac_bits` is the resolution for floats (2^-frac_bits); `max_sites` is the
+    largest number of encoded values that will ever be summed, which sets the
+    largest magnitude a single value may have.
+    """
+
+    def __init__(self, frac_bits: int = 32, max_sites: int = 64):
+        if not 0 <= frac_bits <= 62:
+            raise EncodingError(f"frac_bits must be in 0..62, got {frac_bits}")
+        if max_sites < 1:
+            raise EncodingError(f"max_sites must be >= 1, got {max_sites}")
+        self.frac_bits = int(frac_bits)
+        self.max_sites = int(max_sites)
+        self.float_encoding = Encoding(self.frac_bits, False)
+        # Largest |encoded value| such that max_sites of them cannot leave [-2^63, 2^63).
+        self.max_encoded = (_HALF - 1) // self.max_sites
+        self.max_float = self.max_encoded * 2.0 ** -self.frac_bits
+        self.max_int = self.max_encoded
+
+    def __repr__(self) -> str:
+        return f"FixedPoint(frac_bits={self.frac_bits}, max_sites={self.max_sites})"
+
+    def encoding_for(self, x: np.ndarray) -> Encoding:
+        """The encoding `encode` uses for `x`: exact integers for integer/bool dtypes."""
+        kind = np.asarray(x).dtype.kind
+        if kind in "iub":
+            return INTEGER
+        if kind == "f":
+            return self.float_encoding
+        raise EncodingError(
+            f"cannot encode dtype {np.asarray(x).dtype}: give a float or integer array"
+        )
+
+    def encode(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Encode `x` into ring elements (uint64, same shape); refuses values that could wrap."""
+        x = np.asarray(x)
+        encoding = self.encoding_for(x)
+        if out is None:
+            out = np.empty(x.shape, dtype=np.uint64)
+        elif out.shape != x.shape or out.dtype != np.uint64:
+            raise EncodingError(f"output buffer must be uint64 of shape {x.shape}")
+        if encoding.integer:
+            self._encode_int(x, out)
+        else:
+            self._encode_float(x, out)
+        return out
+
+    def decode(self, values: np.ndarray, encoding: Encoding | None = None) -> np.ndarray:
+        """Decode ring elements; floats by default, or as `encoding` says."""
+        return (encoding or self.float_encoding).decode(values)
+
+    def _encode_int(self, x: np.ndarray, out: np.ndarray) -> None:
+        if x.size:
+            lo, hi = int(x.min()), int(x.max())
+            if lo < -self.max_int or hi > self.max_int:
+                bad = lo if lo < -self.max_int else hi
+                raise EncodingError(
+                    f"integer {bad} could wrap the ring when {self.max_sites} values are summed: "
+                    f"|value| must be <= {self.max_int} (about 2^63 / max_sites); "
+                    "declare fewer max_sites or split the value"
+                )
+        np.copyto(out.view(np.int64), x, casting="unsafe")
+
+    def _encode_float(self, x: np.ndarray, out: np.ndarray) -> None:
+        flat_x = x.reshape(-1)
+        flat_out = out.reshape(-1).view(np.int64)
+        scale = float(2 ** self.frac_bits)
+        limit = float(self.max_encoded)
+        buf = np.empty(min(_CHUNK, flat_x.size), dtype=np.float64)
+        for start in range(0, flat_x.size, _CHUNK):
+            chunk = flat_x[start : start + _CHUNK]
+            scaled = buf[: chunk.size]
+            np.multiply(chunk, scale, out=scaled)
+            # `not (a <= b)` is also true for NaN, so one test catches NaN, inf and overflow.
+            if not (scaled.max() <= limit and scaled.min() >= -limit):
+                self._raise_float(chunk)
+            np.rint(scaled, out=scaled)
+            np.copyto(flat_out[start : start + _CHUNK], scaled, casting="unsafe")
+
+    def _raise_float(self, chunk: np.ndarray) -> None:
+        bad = chunk[~(np.abs(chunk) <= self.max_float)][0]
+        if np.isnan(bad):
+            raise EncodingError("cannot encode NaN: every value must be a finite number")
+        if np.isinf(bad):
+            raise EncodingError(f"cannot encode {bad}: every value must be a finite number")
+        raise EncodingError(
+            f"value {bad!r} could wrap the ring when {self.max_sites} values are summed: "
+            f"|value| must be <= {self.max_float:.6g} at frac_bits={self.frac_bits}; "
+            "use fewer fractional bits, rescale the value, or declare a smaller max_sites"
+        )

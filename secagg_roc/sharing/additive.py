@@ -1,0 +1,56 @@
+"""Additive N-of-N secret sharing over Z_2^64, seed-compressed.
+
+A Site draws N-1 fresh seeds from the operating system; aggregator j != holder
+receives seed j, which stands for the pseudorandom vector PRG(seed_j); the
+holder receives the correction x - sum_j PRG(seed_j). Any N-1 of the N shares
+are jointly uniform and independent of x, so N-1 colluding aggregators learn
+nothing; all N sum to x. A site therefore sends about one vector plus N-1
+seeds instead of N vectors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import prg
+from .base import Payload, SharingScheme
+
+
+class AdditiveSharing(SharingScheme):
+    name = "additive"
+    private = True
+    accepts_seeds = True
+    threat_model = (
+        "additive N-of-N shares: any N-1 colluding aggregators learn nothing about a site's input; "
+        "the analyst learns only totals over the agreed contributor set"
+    )
+
+    @classmethod
+    def check_n(cls, n_aggregators: int) -> int:
+        if int(n_aggregators) < 2:
+            raise ValueError("additive sharing needs at least 2 non-colluding aggregators")
+        return int(n_aggregators)
+
+    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
+        """Run by a Site. `holder` (the aggregator that gets the correction) rotates across sites
+        so that no aggregator receives every full-size vector."""
+        if not 0 <= holder < self.n_aggregators:
+            raise ValueError(f"holder must be in 0..{self.n_aggregators - 1}")
+        correction = np.ascontiguousarray(encoded, dtype=np.uint64)
+        payloads: list[Payload] = []
+        for j in range(self.n_aggregators):
+            if j == holder:
+                payloads.append(Payload())  # filled below, once every seed is subtracted
+                continue
+            seed = prg.new_seed()
+            prg.add_stream(seed, correction, subtract=True)
+            payloads.append(Payload(seed=seed))
+        payloads[holder] = Payload(vector=correction)
+        return payloads
+
+    def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
+        """Run by an Aggregator."""
+        if payload.seed is not None:
+            prg.add_stream(payload.seed, acc)
+        else:
+            np.add(acc, payload.vector, out=acc)

@@ -1,0 +1,60 @@
+"""The interface every sharing scheme implements.
+
+A scheme says how a Site turns one encoded vector into per-aggregator payloads,
+how an Aggregator folds a payload into its running sum, and how the Analyst
+combines the aggregators' sums. Callers (the round, the federation, the
+deployed services) only use this interface, so a Shamir, pairwise-mask or
+replicated scheme plugs in without touching them.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Payload:
+    """What one aggregator receives from one site: a PRG seed, or ring elements."""
+
+    seed: bytes | None = None
+    vector: np.ndarray | None = None
+
+
+class SharingScheme(abc.ABC):
+    """How secret shares are made, summed and recombined."""
+
+    name: str
+    #: False for baselines where some party sees inputs in the clear.
+    private: bool
+    #: What a party of this scheme learns, in one sentence (for reports and docs).
+    threat_model: str
+    #: Whether payloads may be PRG seeds standing for whole vectors.
+    accepts_seeds: bool = False
+
+    def __init__(self, n_aggregators: int):
+        self.n_aggregators = self.check_n(n_aggregators)
+
+    @classmethod
+    @abc.abstractmethod
+    def check_n(cls, n_aggregators: int) -> int:
+        """Validate the number of aggregators this scheme runs with."""
+
+    @abc.abstractmethod
+    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
+        """Run by a Site: one payload per aggregator; `encoded` may be overwritten."""
+
+    @abc.abstractmethod
+    def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
+        """Run by an Aggregator: acc += the vector this payload stands for (mod 2^64)."""
+
+    def combine(self, aggregate_vectors: list[np.ndarray]) -> np.ndarray:
+        """Run by the Analyst: the total from every aggregator's sum (mod 2^64)."""
+        if len(aggregate_vectors) != self.n_aggregators:
+            raise ValueError(f"need {self.n_aggregators} aggregate shares, got {len(aggregate_vectors)}")
+        total = np.array(aggregate_vectors[0], dtype=np.uint64, copy=True)
+        for v in aggregate_vectors[1:]:
+            np.add(total, v, out=total)
+        return total

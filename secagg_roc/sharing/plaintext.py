@@ -1,0 +1,35 @@
+"""The plaintext trusted-host baseline (NOT PRIVATE).
+
+Each site sends its encoded sums in the clear to a single trusted host, as a
+DataSHIELD server-side aggregate does. It exists so that researchers can run an
+identical analysis under a weaker threat model and compare; the host sees every
+site's input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .base import Payload, SharingScheme
+
+
+class PlaintextSharing(SharingScheme):
+    name = "plaintext"
+    private = False
+    threat_model = "NOT PRIVATE: the trusted host sees every site's input in the clear"
+
+    @classmethod
+    def check_n(cls, n_aggregators: int) -> int:
+        if int(n_aggregators) != 1:
+            raise ValueError("the plaintext baseline has exactly one trusted host (n_aggregators=1)")
+        return 1
+
+    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
+        """Run by a Site: the whole input goes to the host."""
+        return [Payload(vector=np.ascontiguousarray(encoded, dtype=np.uint64))]
+
+    def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
+        """Run by the trusted host."""
+        if payload.vector is None:
+            raise ValueError("the plaintext baseline carries vectors, not seeds")
+        np.add(acc, payload.vector, out=acc)
