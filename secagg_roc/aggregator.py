@@ -246,7 +246,8 @@ class Aggregator:
         if isinstance(message, InputShare):
             r = self.round(message.round_id)
             r.submit(message)
-            return r.status()
+            # The acknowledgement names only the submitter: a site never learns who else took part.
+            return RoundStatus(r.round_id, (message.site,), r.released is not None)
         if isinstance(message, StatusRequest):
             return self.round(message.round_id).status()
         if isinstance(message, CloseRound):

@@ -42,7 +42,9 @@ class LocalFederation:
 
     `privacy_level` (q) applies to rounds whose sites report record counts;
     `min_sites` to every round. ``scheme="plaintext"`` runs the non-private
-    trusted-host baseline (one aggregator).
+    trusted-host baseline (one aggregator). Transcripts keep every message (and
+    so every share vector) for the federation's lifetime; pass
+    ``transcripts=False`` for long simulations and benchmarks.
     """
 
     def __init__(
@@ -56,6 +58,7 @@ class LocalFederation:
         frac_bits: int = 32,
         study_id: str = "local-study",
         wire: bool = False,
+        transcripts: bool = True,
         max_open_rounds: int = 64,
     ):
         self.sites = tuple(check_name(s, "site") for s in sites)
@@ -75,7 +78,9 @@ class LocalFederation:
         clash = {ANALYST, *(a.name for a in self.aggregators)} & set(self.sites)
         if clash:
             raise ValueError(f"site names {sorted(clash)} are reserved for other parties")
-        self.transcripts = {p: Transcript(p) for p in (ANALYST, *self.sites, *(a.name for a in self.aggregators))}
+        parties = (ANALYST, *self.sites, *(a.name for a in self.aggregators))
+        self.transcripts = {p: Transcript(p) for p in parties} if transcripts else {}
+        self._parties = frozenset(parties)
         self._round_numbers = itertools.count()
         # Site objects that hold no data: `secure_sum` hands them values directly.
         self._bare_sites = {s: self._site(SiteData(s, {})) for s in self.sites}
@@ -88,10 +93,11 @@ class LocalFederation:
 
     def transcript(self, party: str) -> Transcript:
         """What `party` received: "analyst", "aggregator-<j>" or a site name."""
-        try:
-            return self.transcripts[party]
-        except KeyError:
-            raise KeyError(f"no party {party!r}; parties: {', '.join(self.transcripts)}") from None
+        if party not in self._parties:
+            raise KeyError(f"no party {party!r}; parties: {', '.join(sorted(self._parties))}")
+        if not self.transcripts:
+            raise RuntimeError("this federation was created with transcripts=False")
+        return self.transcripts[party]
 
     def secure_sum(
         self,
@@ -189,7 +195,8 @@ class LocalFederation:
     def _deliver(self, sender: str, receiver: str, message: Message, handler: Aggregator | None = None) -> Any:
         if self.wire:
             message = decode(message.encode())
-        self.transcripts[receiver].record(sender, message)
+        if self.transcripts:
+            self.transcripts[receiver].record(sender, message)
         if handler is None:
             return message
         return handler.handle(message)

@@ -20,6 +20,8 @@ _HALF = 1 << (RING_BITS - 1)
 # Floats are encoded in chunks small enough to stay in cache, so scaling,
 # rounding and the range check cost one pass over memory, not four.
 _CHUNK = 1 << 15
+_MAGIC = 1.5 * 2.0**52
+_MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
 
 
 @dataclass(frozen=True)
@@ -119,19 +121,31 @@ class FixedPoint:
         flat_out = out.reshape(-1).view(np.int64)
         scale = float(2 ** self.frac_bits)
         limit = float(self.max_encoded)
+        # Adding 1.5 * 2^52 rounds a double to the nearest integer (ties to even,
+        # as np.rint) and leaves that integer in the low mantissa bits, so one
+        # add and one integer subtract replace rint plus a slow float->int cast.
+        # Valid while |scaled| < 2^51; other chunks take the exact slow path.
+        magic_limit = min(limit, float(2**51 - 1))
         buf = np.empty(min(_CHUNK, flat_x.size), dtype=np.float64)
         for start in range(0, flat_x.size, _CHUNK):
             chunk = flat_x[start : start + _CHUNK]
-            scaled = buf[: chunk.size]
-            np.multiply(chunk, scale, out=scaled)
+            target = flat_out[start : start + _CHUNK]
+            shifted = buf[: chunk.size]
+            np.multiply(chunk, scale, out=shifted)
+            np.add(shifted, _MAGIC, out=shifted)
+            hi, lo = shifted.max() - _MAGIC, shifted.min() - _MAGIC
             # `not (a <= b)` is also true for NaN, so one test catches NaN, inf and overflow.
-            if not (scaled.max() <= limit and scaled.min() >= -limit):
+            if hi <= magic_limit and lo >= -magic_limit:
+                np.subtract(shifted.view(np.int64), _MAGIC_BITS, out=target)
+                continue
+            np.multiply(chunk, scale, out=shifted)
+            if not (shifted.max() <= limit and shifted.min() >= -limit):
                 self._raise_float(chunk)
-            np.rint(scaled, out=scaled)
-            np.copyto(flat_out[start : start + _CHUNK], scaled, casting="unsafe")
+            np.rint(shifted, out=shifted)
+            np.copyto(target, shifted, casting="unsafe")
 
     def _raise_float(self, chunk: np.ndarray) -> None:
-        bad = chunk[~(np.abs(chunk) <= self.max_float)][0]
+        bad = float(chunk[~(np.abs(chunk) <= self.max_float)][0])
         if np.isnan(bad):
             raise EncodingError("cannot encode NaN: every value must be a finite number")
         if np.isinf(bad):
