@@ -97,7 +97,8 @@ class FixedPoint:
         if encoding.integer:
             self._encode_int(x, out)
         else:
-            self._encode_float(x, out)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, by name
+                self._encode_float(x, out)
         return out
 
     def decode(self, values: np.ndarray, encoding: Encoding | None = None) -> np.ndarray:

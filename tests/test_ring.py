@@ -1,0 +1,96 @@
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import secagg_roc as sr
+from secagg_roc.ring import INTEGER, Encoding
+
+
+def test_public_api_roundtrip():
+    codec = sr.FixedPoint(frac_bits=32)
+    enc = codec.encode(np.array([1.5, -2.25]))
+    assert enc.dtype == np.uint64
+    np.testing.assert_array_equal(codec.decode(enc), [1.5, -2.25])
+    # two's complement: -2.25 is 2^64 - 2.25 * 2^32
+    assert int(enc[1]) == 2**64 - int(2.25 * 2**32)
+
+
+@given(hnp.arrays(np.float64, st.integers(0, 200), elements=st.floats(-1e6, 1e6)))
+def test_float_roundtrip_within_half_resolution(x):
+    codec = sr.FixedPoint(frac_bits=32, max_sites=10)
+    back = codec.decode(codec.encode(x))
+    assert np.all(np.abs(back - x) <= 2.0**-33 + np.abs(x) * 2**-52)
+
+
+@given(hnp.arrays(np.int64, st.integers(0, 100), elements=st.integers(-(2**56), 2**56)))
+def test_integers_are_exact_and_unscaled(x):
+    codec = sr.FixedPoint(frac_bits=32, max_sites=64)
+    assert codec.encoding_for(x) == INTEGER
+    enc = codec.encode(x)
+    np.testing.assert_array_equal(enc.view(np.int64), x)
+    np.testing.assert_array_equal(codec.decode(enc, INTEGER), x)
+
+
+def test_encoding_matches_rint_on_both_paths():
+    codec = sr.FixedPoint(frac_bits=32, max_sites=4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(100_000) * 1e3
+    x[70_000] = 2.0**27 + 0.3  # beyond 2^51 once scaled: the exact slow path for that chunk
+    expect = np.rint(x * 2.0**32).astype(np.int64).view(np.uint64)
+    np.testing.assert_array_equal(codec.encode(x), expect)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_refuses_non_finite(bad):
+    x = np.zeros(100_000)
+    x[54_321] = bad
+    with pytest.raises(sr.EncodingError, match="finite"):
+        sr.FixedPoint().encode(x)
+
+
+def test_refuses_values_that_could_wrap_and_says_how_to_fix():
+    codec = sr.FixedPoint(frac_bits=32, max_sites=10)
+    limit = codec.max_float
+    codec.encode(np.array([limit * 0.999, -limit * 0.999]))  # within the bound: fine
+    with pytest.raises(sr.EncodingError) as err:
+        codec.encode(np.array([0.0, limit * 1.01]))
+    text = str(err.value)
+    assert "wrap" in text and "fewer fractional bits" in text and f"{limit:.6g}" in text
+    with pytest.raises(ValueError):  # EncodingError is a ValueError for callers that catch those
+        codec.encode(np.array([-limit * 1.01]))
+
+
+def test_integer_bound_depends_on_max_sites():
+    with pytest.raises(sr.EncodingError, match="wrap"):
+        sr.FixedPoint(max_sites=4).encode(np.array([2**62], dtype=np.int64))
+    sr.FixedPoint(max_sites=1).encode(np.array([2**62], dtype=np.int64))
+
+
+def test_sum_of_max_values_does_not_wrap():
+    k = 7
+    codec = sr.FixedPoint(frac_bits=20, max_sites=k)
+    x = np.array([codec.max_float, -codec.max_float]) * (1 - 1e-12)
+    total = np.zeros(2, dtype=np.uint64)
+    for _ in range(k):
+        total += codec.encode(x)
+    np.testing.assert_allclose(codec.decode(total), k * x, rtol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [np.complex128, object, "U3"])
+def test_refuses_non_numeric_dtypes(dtype):
+    with pytest.raises(sr.EncodingError, match="dtype"):
+        sr.FixedPoint().encode(np.zeros(2, dtype=dtype))
+
+
+def test_encoding_validates_itself():
+    with pytest.raises(sr.EncodingError):
+        Encoding(63, False)
+    with pytest.raises(sr.EncodingError):
+        Encoding(3, True)
+
+
+def test_out_buffer_is_checked():
+    with pytest.raises(sr.EncodingError, match="buffer"):
+        sr.FixedPoint().encode(np.zeros(3), out=np.empty(4, dtype=np.uint64))
