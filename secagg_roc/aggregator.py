@@ -71,6 +71,8 @@ class Round:
         self.state = RoundState.OPEN
         self.accepted: dict[str, InputShare] = {}
         self.released: AggregateShare | None = None
+        #: The contributor set of the release; kept after `forget` drops the share itself.
+        self.released_over: tuple[str, ...] | None = None
 
     # -- submissions ---------------------------------------------------------
 
@@ -132,20 +134,22 @@ class Round:
     # -- release ------------------------------------------------------------
 
     def status(self) -> RoundStatus:
-        return RoundStatus(self.round_id, tuple(sorted(self.accepted)), self.released is not None)
+        return RoundStatus(self.round_id, tuple(sorted(self.accepted)), self.released_over is not None)
 
     def close(self, contributors: tuple[str, ...]) -> AggregateShare:
         """Release this aggregator's share of the total over `contributors` (once)."""
         agreed = tuple(sorted(contributors))
         if len(set(agreed)) != len(agreed):
             raise RoundError("the contributor set lists a site twice")
-        if self.released is not None:
-            if self.released.contributors == agreed:
-                return self.released  # the same release again reveals nothing new
-            raise PrivacyError(
-                f"{self.round_id} was released over {list(self.released.contributors)}; a second release "
-                f"over {list(agreed)} would reveal the difference between them"
-            )
+        if self.released_over is not None:
+            if self.released_over != agreed:
+                raise PrivacyError(
+                    f"{self.round_id} was released over {list(self.released_over)}; a second release "
+                    f"over {list(agreed)} would reveal the difference between them"
+                )
+            if self.released is None:
+                raise RoundError(f"{self.round_id} was released long ago; its aggregate share is no longer held")
+            return self.released  # the same release again reveals nothing new
         missing = [s for s in agreed if s not in self.accepted]
         if missing:
             raise RoundError(f"cannot close {self.round_id}: no share from {missing} at aggregator {self.index}")
@@ -167,9 +171,14 @@ class Round:
         self.released = AggregateShare(
             self.round_id, self.index, agreed, records, shares[0].encoding, shares[0].layout, acc
         )
+        self.released_over = agreed
         self.state = RoundState.RELEASED
         self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
         return self.released
+
+    def forget(self) -> None:
+        """Drop the released share's vector; the release itself (and its contributor set) is kept."""
+        self.released = None
 
 
 def _stub(share: InputShare) -> InputShare:
@@ -196,8 +205,13 @@ class Aggregator:
         scheme: SharingScheme,
         *,
         max_open_rounds: int = 64,
+        retain_released: int = 8,
     ):
         self.study = check_name(study, "study id")
+        # Released shares are kept for idempotent re-delivery, but only for the last
+        # few rounds: a long study must not hold every aggregate in memory.
+        self.retain_released = retain_released
+        self._release_order: list[int] = []
         self.index = index
         self.policy = policy
         self.scheme = scheme
@@ -247,9 +261,15 @@ class Aggregator:
             r = self.round(message.round_id)
             r.submit(message)
             # The acknowledgement names only the submitter: a site never learns who else took part.
-            return RoundStatus(r.round_id, (message.site,), r.released is not None)
+            return RoundStatus(r.round_id, (message.site,), r.released_over is not None)
         if isinstance(message, StatusRequest):
             return self.round(message.round_id).status()
         if isinstance(message, CloseRound):
-            return self.round(message.round_id).close(message.contributors)
+            r = self.round(message.round_id)
+            share = r.close(message.contributors)
+            if r.round_id.number not in self._release_order:
+                self._release_order.append(r.round_id.number)
+                while len(self._release_order) > self.retain_released:
+                    self.rounds[self._release_order.pop(0)].forget()
+            return share
         raise MessageError(f"an aggregator does not accept {message.kind} messages")

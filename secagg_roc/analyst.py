@@ -47,5 +47,5 @@ def combine(shares: list[AggregateShare], scheme: SharingScheme) -> Combined:
         if s.vector.shape != first.vector.shape:
             raise CombineError("aggregate shares have different lengths")
     total = scheme.combine([s.vector for s in sorted(shares, key=lambda s: s.aggregator)])
-    decoded = first.encoding.decode(total)
+    decoded = first.encoding.decode(total, in_place=True)  # `total` is ours: no second array
     return Combined(unflatten(first.layout, decoded), first.records, first.contributors)

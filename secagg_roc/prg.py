@@ -26,20 +26,30 @@ def new_seed() -> bytes:
     return secrets.token_bytes(SEED_BYTES)
 
 
-def _keystream(seed: bytes):
-    if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
-        raise ValueError(f"a seed is {SEED_BYTES} bytes")
-    return Cipher(algorithms.AES(bytes(seed)), modes.CTR(_NONCE)).encryptor()
+class Keystream:
+    """The ring-element stream of one seed, consumed in order by `apply`."""
+
+    def __init__(self, seed: bytes):
+        if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
+            raise ValueError(f"a seed is {SEED_BYTES} bytes")
+        self._cipher = Cipher(algorithms.AES(bytes(seed)), modes.CTR(_NONCE)).encryptor()
+        self._buf = np.empty(_CHUNK, dtype=np.uint64)
+        self._bytes = memoryview(self._buf).cast("B")
+
+    def apply(self, target: np.ndarray, *, subtract: bool = False) -> None:
+        """target += (or -=) the next `target.size` stream elements, mod 2^64, in place."""
+        op = np.subtract if subtract else np.add
+        for start in range(0, target.size, _CHUNK):
+            part = target[start : start + _CHUNK]
+            block = self._buf[: part.size]
+            self._cipher.update_into(_ZEROS[: 8 * part.size], self._bytes[: 8 * part.size])
+            op(part, block, out=part)
 
 
 def expand(seed: bytes, n: int) -> np.ndarray:
     """The first `n` ring elements of the stream of `seed` (uint64)."""
-    out = np.empty(n, dtype=np.uint64)
-    stream = _keystream(seed)
-    view = memoryview(out).cast("B")
-    for start in range(0, 8 * n, 8 * _CHUNK):
-        stop = min(start + 8 * _CHUNK, 8 * n)
-        stream.update_into(_ZEROS[: stop - start], view[start:stop])
+    out = np.zeros(n, dtype=np.uint64)
+    Keystream(seed).apply(out)
     return out
 
 
@@ -47,14 +57,4 @@ def add_stream(seed: bytes, target: np.ndarray, *, subtract: bool = False) -> No
     """target += stream(seed) (or -=), mod 2^64, in place; `target` is a C-contiguous uint64 array."""
     if target.dtype != np.uint64 or not target.flags.c_contiguous:
         raise ValueError("target must be a C-contiguous uint64 array")
-    flat = target.reshape(-1)
-    n = flat.size
-    stream = _keystream(seed)
-    buf = np.empty(min(_CHUNK, max(n, 1)), dtype=np.uint64)
-    buf_bytes = memoryview(buf).cast("B")
-    op = np.subtract if subtract else np.add
-    for start in range(0, n, _CHUNK):
-        part = flat[start : start + _CHUNK]
-        block = buf[: part.size]
-        stream.update_into(_ZEROS[: 8 * part.size], buf_bytes[: 8 * part.size])
-        op(part, block, out=part)
+    Keystream(seed).apply(target.reshape(-1), subtract=subtract)

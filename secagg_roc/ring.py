@@ -10,6 +10,7 @@ summed, because a wrapped total decodes to a plausible but wrong number.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -40,12 +41,17 @@ class Encoding:
         if self.integer and self.frac_bits != 0:
             raise EncodingError("an integer encoding has frac_bits = 0")
 
-    def decode(self, values: np.ndarray) -> np.ndarray:
-        """Ring values (uint64) -> int64 for integer encodings, float64 otherwise."""
+    def decode(self, values: np.ndarray, *, in_place: bool = False) -> np.ndarray:
+        """Ring values (uint64) -> int64 for integer encodings, float64 otherwise.
+
+        With ``in_place=True`` the result reuses the memory of `values` (same item
+        size), which the caller then must not use as ring values any more.
+        """
         signed = np.asarray(values, dtype=np.uint64).view(np.int64)
         if self.integer:
-            return signed.copy()
-        return signed * (2.0 ** -self.frac_bits)
+            return signed if in_place else signed.copy()
+        out = signed.view(np.float64) if in_place else None
+        return np.multiply(signed, 2.0 ** -self.frac_bits, out=out)
 
 
 INTEGER = Encoding(0, True)
@@ -86,8 +92,19 @@ class FixedPoint:
             f"cannot encode dtype {np.asarray(x).dtype}: give a float or integer array"
         )
 
-    def encode(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """Encode `x` into ring elements (uint64, same shape); refuses values that could wrap."""
+    def encode(
+        self,
+        x: np.ndarray,
+        out: np.ndarray | None = None,
+        *,
+        on_chunk: Callable[[np.ndarray], None] | None = None,
+    ) -> np.ndarray:
+        """Encode `x` into ring elements (uint64, same shape); refuses values that could wrap.
+
+        `on_chunk(block)` is called with each flat block of `out` right after it
+        is encoded, while it is still in cache: a sharing scheme masks it there
+        instead of making another pass over memory.
+        """
         x = np.asarray(x)
         encoding = self.encoding_for(x)
         if out is None:
@@ -96,9 +113,11 @@ class FixedPoint:
             raise EncodingError(f"output buffer must be uint64 of shape {x.shape}")
         if encoding.integer:
             self._encode_int(x, out)
+            if on_chunk is not None:
+                on_chunk(out.reshape(-1))
         else:
             with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, by name
-                self._encode_float(x, out)
+                self._encode_float(x, out, on_chunk)
         return out
 
     def decode(self, values: np.ndarray, encoding: Encoding | None = None) -> np.ndarray:
@@ -117,7 +136,7 @@ class FixedPoint:
                 )
         np.copyto(out.view(np.int64), x, casting="unsafe")
 
-    def _encode_float(self, x: np.ndarray, out: np.ndarray) -> None:
+    def _encode_float(self, x: np.ndarray, out: np.ndarray, on_chunk: Callable[[np.ndarray], None] | None) -> None:
         flat_x = x.reshape(-1)
         flat_out = out.reshape(-1).view(np.int64)
         scale = float(2 ** self.frac_bits)
@@ -138,12 +157,14 @@ class FixedPoint:
             # `not (a <= b)` is also true for NaN, so one test catches NaN, inf and overflow.
             if hi <= magic_limit and lo >= -magic_limit:
                 np.subtract(shifted.view(np.int64), _MAGIC_BITS, out=target)
-                continue
-            np.multiply(chunk, scale, out=shifted)
-            if not (shifted.max() <= limit and shifted.min() >= -limit):
-                self._raise_float(chunk)
-            np.rint(shifted, out=shifted)
-            np.copyto(target, shifted, casting="unsafe")
+            else:
+                np.multiply(chunk, scale, out=shifted)
+                if not (shifted.max() <= limit and shifted.min() >= -limit):
+                    self._raise_float(chunk)
+                np.rint(shifted, out=shifted)
+                np.copyto(target, shifted, casting="unsafe")
+            if on_chunk is not None:
+                on_chunk(target.view(np.uint64))
 
     def _raise_float(self, chunk: np.ndarray) -> None:
         bad = float(chunk[~(np.abs(chunk) <= self.max_float)][0])

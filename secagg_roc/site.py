@@ -82,10 +82,9 @@ class Site:
         codec = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         encoding = codec.encoding_for(flat)
         try:
-            encoded = codec.encode(flat)
+            payloads = self.scheme.share(flat, codec, holder=self.holder)
         except ValueError as exc:
             raise type(exc)(f"site {self.name!r}, query {query.name!r}: {exc}") from None
-        payloads = self.scheme.split(encoded, holder=self.holder)
         count = NOT_COUNTED if records is None else int(records)
         return [
             InputShare(query.round_id, self.name, j, encoding, count, layout, seed=p.seed, vector=p.vector)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import prg
+from ..ring import FixedPoint
 from .base import Payload, SharingScheme
 
 
@@ -47,6 +48,21 @@ class AdditiveSharing(SharingScheme):
             payloads.append(Payload(seed=seed))
         payloads[holder] = Payload(vector=correction)
         return payloads
+
+    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0) -> list[Payload]:
+        """Run by a Site: like `split(codec.encode(x))`, but each block is masked with
+        every seed's keystream right after it is encoded, while it is in cache."""
+        if not 0 <= holder < self.n_aggregators:
+            raise ValueError(f"holder must be in 0..{self.n_aggregators - 1}")
+        seeds = {j: prg.new_seed() for j in range(self.n_aggregators) if j != holder}
+        streams = [prg.Keystream(s) for s in seeds.values()]
+
+        def mask(block: np.ndarray) -> None:
+            for stream in streams:
+                stream.apply(block, subtract=True)
+
+        correction = codec.encode(x, on_chunk=mask)
+        return [Payload(vector=correction.reshape(-1)) if j == holder else Payload(seed=seeds[j]) for j in range(self.n_aggregators)]
 
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator."""

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ring import FixedPoint
+
 
 @dataclass(frozen=True)
 class Payload:
@@ -42,6 +44,10 @@ class SharingScheme(abc.ABC):
     def check_n(cls, n_aggregators: int) -> int:
         """Validate the number of aggregators this scheme runs with."""
 
+    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0) -> list[Payload]:
+        """Run by a Site: encode `x` with `codec` and split it (schemes may fuse the two)."""
+        return self.split(codec.encode(x), holder=holder)
+
     @abc.abstractmethod
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
         """Run by a Site: one payload per aggregator; `encoded` may be overwritten."""
@@ -54,7 +60,9 @@ class SharingScheme(abc.ABC):
         """Run by the Analyst: the total from every aggregator's sum (mod 2^64)."""
         if len(aggregate_vectors) != self.n_aggregators:
             raise ValueError(f"need {self.n_aggregators} aggregate shares, got {len(aggregate_vectors)}")
-        total = np.array(aggregate_vectors[0], dtype=np.uint64, copy=True)
-        for v in aggregate_vectors[1:]:
+        if len(aggregate_vectors) == 1:
+            return np.array(aggregate_vectors[0], dtype=np.uint64, copy=True)
+        total = np.add(aggregate_vectors[0], aggregate_vectors[1])  # one pass, one fresh array
+        for v in aggregate_vectors[2:]:
             np.add(total, v, out=total)
         return total
