@@ -17,25 +17,43 @@ from .errors import (
     SecAggError,
     SiteQueryError,
 )
+from . import pooled
 from .federation import LocalFederation
 from .ring import Encoding, FixedPoint
+from .stats import (
+    CalibrationCurve,
+    GlmResult,
+    RocGlmResult,
+    brier_score,
+    calibration_curve,
+    fit_glm,
+    roc_glm,
+)
 from .study import LocalStudy, Study, Totals
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "CalibrationCurve",
     "CombineError",
     "ConfigError",
     "Encoding",
     "EncodingError",
     "FixedPoint",
+    "GlmResult",
     "LocalFederation",
     "LocalStudy",
     "MessageError",
     "PrivacyError",
+    "RocGlmResult",
     "RoundError",
     "SecAggError",
     "SiteQueryError",
     "Study",
     "Totals",
+    "brier_score",
+    "calibration_curve",
+    "fit_glm",
+    "pooled",
+    "roc_glm",
 ]

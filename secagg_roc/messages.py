@@ -507,6 +507,8 @@ class PublicValue(Message):
         value = r.array("public value")
         if value.dtype != np.float64:
             raise MessageError("a public value is a float64 array")
+        if not np.all(np.isfinite(value)):
+            raise MessageError(f"public value {name!r} contains NaN or infinite numbers")
         return cls(study, name, value)
 
 
@@ -532,6 +534,8 @@ class DPRelease(Message):
         vector = r.array("released values")
         if vector.dtype != np.float64 or vector.ndim != 1 or vector.size != layout_size(layout):
             raise MessageError("released values must be 1-d float64 matching their layout")
+        if not np.all(np.isfinite(vector)):
+            raise MessageError(f"released values of site {site!r} contain NaN or infinite numbers")
         return cls(rid, site, layout, vector)
 
 

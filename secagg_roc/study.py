@@ -119,6 +119,8 @@ class LocalStudy(Study):
                 name=name,
                 arrays={k: np.asarray(v) for k, v in arrays.items()},
                 rng=site_noise_rng(seed, name),
+                privacy_level=int(privacy_level),
+                allow_non_private=True,
             )
             for name, arrays in data.items()
         }

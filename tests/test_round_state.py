@@ -242,3 +242,22 @@ def test_acknowledgement_does_not_reveal_other_sites(agg):
     agg.handle(good("s0"))
     ack = agg.handle(good("s1"))
     assert ack.accepted == ("s1",)
+
+
+def test_old_releases_are_forgotten_but_still_refuse_a_different_set():
+    a = Aggregator("st", 0, RoundPolicy(frozenset(SITES), min_sites=2, privacy_level=0), AdditiveSharing(2), retain_released=1)
+    from secagg_roc.messages import CloseRound
+
+    for number in (0, 1):
+        q = make_query(number)
+        a.open(q)
+        for site in ("s0", "s1"):
+            a.handle(make_shares(q, site, np.ones(D, np.int64), 1)[0])
+        a.handle(CloseRound(q.round_id, ("s0", "s1")))
+    old = make_query(0).round_id
+    assert a.rounds[0].released is None and a.rounds[1].released is not None
+    with pytest.raises(RoundError, match="no longer held"):
+        a.handle(CloseRound(old, ("s0", "s1")))
+    with pytest.raises(PrivacyError, match="second release"):
+        a.handle(CloseRound(old, ("s0",)))
+    assert a.handle(make_query(0)).released  # status still says it was released

@@ -14,6 +14,7 @@ from .registry import (
 
 # Built-in queries register themselves on import.
 from . import basic  # noqa: E402,F401
+from . import calibration, glm, roc, sensitivity  # noqa: E402,F401
 
 __all__ = [
     "QUERIES",

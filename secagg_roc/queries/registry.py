@@ -45,6 +45,12 @@ class SiteData:
     public: dict[str, Any] = field(default_factory=dict)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     allowed_queries: frozenset[str] | None = None
+    #: The site's own privacy level: it never releases per-site values over fewer records.
+    privacy_level: int = 5
+    #: Whether this site answers the non-private validation mode (exact scores to the
+    #: analyst). Off by default; the embedded study, where everything is in one process
+    #: anyway, turns it on.
+    allow_non_private: bool = False
 
     def array(self, name: str) -> np.ndarray:
         """The site's array called `name`; a clear error if it has none."""

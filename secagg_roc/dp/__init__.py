@@ -1,0 +1,37 @@
+"""Differential privacy for the distributed ROC-GLM: Gaussian mechanisms and l2-sensitivity."""
+
+from .gaussian import (
+    MECHANISMS,
+    analytic_sigma,
+    classic_sigma,
+    gaussian_noise,
+    gaussian_sigma,
+    privacy_profile,
+)
+from .sensitivity import (
+    RECOMMENDED,
+    L2Sensitivity,
+    SensitivityWarning,
+    histogram_representation,
+    l2_sensitivity,
+    max_gap_at_distance,
+    min_positive_distance,
+    recommended_privacy,
+)
+
+__all__ = [
+    "MECHANISMS",
+    "RECOMMENDED",
+    "L2Sensitivity",
+    "SensitivityWarning",
+    "analytic_sigma",
+    "classic_sigma",
+    "gaussian_noise",
+    "gaussian_sigma",
+    "histogram_representation",
+    "l2_sensitivity",
+    "max_gap_at_distance",
+    "min_positive_distance",
+    "privacy_profile",
+    "recommended_privacy",
+]

@@ -1,0 +1,118 @@
+"""Gaussian mechanisms: the classic calibration and the analytic one of Balle & Wang (2018).
+
+Both answer: how much N(0, sigma^2) noise makes a query with l2-sensitivity
+Delta (epsilon, delta)-differentially private?
+
+* classic (Dwork & Roth, Thm A.1): ``sigma = sqrt(2 ln(1.25 / delta)) * Delta / epsilon``.
+  The theorem is proved for epsilon < 1; the paper uses it with epsilon <= 0.5.
+* analytic (Balle & Wang 2018, "Improving the Gaussian mechanism for
+  differential privacy", Thm 8 / Alg. 1): the smallest sigma for which the
+  mechanism's exact privacy profile
+  ``delta(sigma) = Phi(Delta/(2 sigma) - eps sigma/Delta) - e^eps Phi(-Delta/(2 sigma) - eps sigma/Delta)``
+  does not exceed delta. It is never larger than a valid classic sigma and is
+  valid for every epsilon > 0.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Literal
+
+import numpy as np
+from scipy.optimize import brentq
+from scipy.special import log_ndtr, ndtr
+
+Mechanism = Literal["classic", "analytic"]
+MECHANISMS = ("classic", "analytic")
+
+
+def _check(l2_sensitivity: float, epsilon: float, delta: float) -> tuple[float, float, float]:
+    l2, eps, dl = float(l2_sensitivity), float(epsilon), float(delta)
+    if not (math.isfinite(l2) and l2 > 0):
+        raise ValueError(f"l2-sensitivity must be a positive number, got {l2_sensitivity!r}")
+    if not (math.isfinite(eps) and eps > 0):
+        raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+    if not (0.0 < dl < 1.0):
+        raise ValueError(f"delta must lie strictly between 0 and 1, got {delta!r}")
+    return l2, eps, dl
+
+
+def classic_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:
+    """Noise scale of the classic Gaussian mechanism: c * Delta2 / epsilon, c = sqrt(2 ln(1.25/delta))."""
+    l2, eps, dl = _check(l2_sensitivity, epsilon, delta)
+    if eps >= 1.0:
+        warnings.warn(
+            f"the classic Gaussian mechanism is proved for epsilon < 1 only (got {eps}); "
+            "use mechanism='analytic' for a calibration valid at every epsilon",
+            stacklevel=2,
+        )
+    return math.sqrt(2.0 * math.log(1.25 / dl)) * l2 / eps
+
+
+def privacy_profile(sigma: float, l2_sensitivity: float, epsilon: float) -> float:
+    """The exact delta for which N(0, sigma^2) noise is (epsilon, delta)-DP (Balle & Wang, Thm 8)."""
+    s, d, eps = float(sigma), float(l2_sensitivity), float(epsilon)
+    a = d / (2.0 * s) - eps * s / d
+    b = -d / (2.0 * s) - eps * s / d
+    return float(ndtr(a) - math.exp(eps + log_ndtr(b)))
+
+
+def _sup_increasing(f, target: float) -> float:
+    """sup{v >= 0 : f(v) <= target} for increasing f with f(0) <= target < f(inf)."""
+    hi = 1.0
+    while f(hi) <= target:
+        hi *= 2.0
+        if hi > 1e12:
+            raise ValueError("analytic Gaussian calibration did not bracket its root")
+    return brentq(lambda v: f(v) - target, 0.0, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
+
+
+def analytic_sigma(l2_sensitivity: float, epsilon: float, delta: float) -> float:
+    """Noise scale of the analytic Gaussian mechanism (Balle & Wang 2018, Algorithm 1).
+
+    The two branches reparametrize the profile so that each root search runs
+    on a monotone function without catastrophic cancellation.
+    """
+    l2, eps, dl = _check(l2_sensitivity, epsilon, delta)
+
+    def tail_term(v: float) -> float:  # e^eps * Phi(-sqrt(eps (v + 2))), in log space
+        return math.exp(eps + float(log_ndtr(-math.sqrt(eps * (v + 2.0)))))
+
+    delta0 = 0.5 - tail_term(0.0)
+    if dl >= delta0:
+        # B+(v) = Phi(sqrt(eps v)) - e^eps Phi(-sqrt(eps (v + 2))) increases in v.
+        v = _sup_increasing(lambda v: float(ndtr(math.sqrt(eps * v))) - tail_term(v), dl)
+        alpha = math.sqrt(1.0 + v / 2.0) - math.sqrt(v / 2.0)
+    else:
+        # B-(u) = Phi(-sqrt(eps u)) - e^eps Phi(-sqrt(eps (u + 2))) decreases in u; find inf{u : B-(u) <= delta}.
+        u = _sup_increasing(lambda u: -(float(ndtr(-math.sqrt(eps * u))) - tail_term(u)), -dl)
+        alpha = math.sqrt(1.0 + u / 2.0) + math.sqrt(u / 2.0)
+    return alpha * l2 / math.sqrt(2.0 * eps)
+
+
+def gaussian_sigma(
+    l2_sensitivity: float, epsilon: float, delta: float, mechanism: Mechanism = "classic"
+) -> float:
+    """Noise scale of the chosen Gaussian mechanism ("classic", as the paper, or "analytic")."""
+    if mechanism == "classic":
+        return classic_sigma(l2_sensitivity, epsilon, delta)
+    if mechanism == "analytic":
+        return analytic_sigma(l2_sensitivity, epsilon, delta)
+    raise ValueError(f"mechanism must be one of {MECHANISMS}, got {mechanism!r}")
+
+
+def gaussian_noise(
+    values,
+    sigma: float,
+    rng: np.random.Generator,
+    *,
+    lower: float | None = 0.0,
+    upper: float | None = 1.0,
+) -> np.ndarray:
+    """`values` plus N(0, sigma^2) noise, clipped to [lower, upper] (clipping is post-processing)."""
+    x = np.asarray(values, dtype=float)
+    noisy = x + rng.normal(0.0, float(sigma), size=x.shape)
+    if lower is not None or upper is not None:
+        noisy = np.clip(noisy, lower, upper)
+    return noisy

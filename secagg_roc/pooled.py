@@ -1,0 +1,175 @@
+"""Pooled references: the same statistics computed on all records in one place.
+
+These are what the distributed analysis is checked against (and what a trusted
+host would compute). They share their arithmetic with the site queries
+(`stats.survival`, `stats.families`, `stats.binning`) and their assembly with
+the distributed analysis, so with exact survivor functions the two agree to
+rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+from scipy.stats import rankdata
+
+from .stats.binning import bin_index
+from .stats.calibration import assemble_curve, released_bins
+from .stats.delong import logit_ci as _logit_ci, raw_ci
+from .stats.families import check_family
+from .stats.glm import fit_glm_arrays
+from .stats.results import CalibrationCurve, GlmResult, RocGlmResult
+from .stats.rocglm import GLM_NAMES, assemble, resolve_thresholds
+from .stats.survival import empirical_roc, exceedance_counts, sorted_reference, survivor
+
+
+def _check(y, s, *, probability: bool = False, both_classes: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    y = np.asarray(y)
+    s = np.asarray(s, dtype=float)
+    if y.ndim != 1 or s.ndim != 1 or y.size != s.size:
+        raise ValueError(f"labels and scores must be vectors of equal length (got {y.shape} and {s.shape})")
+    if y.dtype.kind == "b":
+        y = y.astype(np.int64)
+    if y.dtype.kind not in "iuf" or not np.all(np.isin(y, (0, 1))):
+        raise ValueError("labels must contain only 0 and 1")
+    if not np.all(np.isfinite(s)):
+        raise ValueError("scores must be finite")
+    if probability and (s.min() < 0 or s.max() > 1):
+        raise ValueError("scores must be probabilities in [0, 1]")
+    y = y.astype(np.int64)
+    if both_classes and (y.sum() == 0 or y.sum() == y.size):
+        raise ValueError("need at least one negative and one positive")
+    return y, s
+
+
+def auc(y, s) -> float:
+    """Empirical AUC (Mann-Whitney), ties counted 1/2; agrees with pROC and scikit-learn."""
+    y, s = _check(y, s)
+    ranks = rankdata(s)  # average ranks give ties half credit
+    n1 = int(y.sum())
+    n0 = y.size - n1
+    return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2.0) / (n0 * n1))
+
+
+def placements(y, s) -> tuple[np.ndarray, np.ndarray]:
+    """DeLong placement values, ties 1/2: (S1 at each negative's score, S0 at each positive's score).
+
+    S1(x) is the share of positives scoring above x, S0(y) the share of
+    negatives scoring above y. ``mean(S1(negatives)) = 1 - mean(S0(positives)) = AUC``.
+    """
+    y, s = _check(y, s)
+    neg, pos = sorted_reference(s[y == 0]), sorted_reference(s[y == 1])
+    return survivor(pos, s[y == 0], ties="half"), survivor(neg, s[y == 1], ties="half")
+
+
+def delong_variance(y, s) -> float:
+    """DeLong's variance of the empirical AUC."""
+    pl_neg, pl_pos = placements(y, s)
+    return float(np.var(pl_neg, ddof=1) / pl_neg.size + np.var(pl_pos, ddof=1) / pl_pos.size)
+
+
+def delong_ci(y, s, alpha: float = 0.05) -> tuple[float, float, float]:
+    """(lower, AUC, upper): DeLong interval on the raw scale, clipped to [0, 1], as pROC's ``ci.auc``."""
+    a = auc(y, s)
+    lo, hi = raw_ci(a, delong_variance(y, s), alpha)
+    return lo, a, hi
+
+
+def delong_ci_logit(y, s, alpha: float = 0.05, centre: float | None = None) -> tuple[float, float, float]:
+    """(lower, centre, upper): the paper's logit-scale interval; centre defaults to the empirical AUC."""
+    a = auc(y, s) if centre is None else float(centre)
+    lo, hi = _logit_ci(a, delong_variance(y, s), alpha)
+    return lo, a, hi
+
+
+def fit_glm(
+    y,
+    X=None,
+    *,
+    family: str = "logit",
+    weights=None,
+    names: Sequence[str] | None = None,
+) -> GlmResult:
+    """Logit/probit GLM on pooled arrays by the same Fisher scoring as the distributed fit."""
+    return fit_glm_arrays(np.asarray(y), X, family=check_family(family), weights=weights, names=names)
+
+
+def rocglm_frame(y, s, thresholds=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ROC-GLM's probit data as weighted rows (response, Phi^-1(t), count), as the sites build them."""
+    from scipy.special import ndtri
+
+    y, s = _check(y, s)
+    t = resolve_thresholds(thresholds)
+    pv = survivor(sorted_reference(s[y == 0]), s[y == 1], ties="strict")
+    hits = exceedance_counts(pv, t).astype(float)
+    x = ndtri(t)
+    return (
+        np.concatenate([np.ones_like(t), np.zeros_like(t)]),
+        np.concatenate([x, x]),
+        np.concatenate([hits, pv.size - hits]),
+    )
+
+
+def roc_glm(y, s, thresholds=None, alpha: float = 0.05) -> RocGlmResult:
+    """ROC-GLM on pooled records with exact survivor functions (the reference of the distributed fit)."""
+    y, s = _check(y, s)
+    t = resolve_thresholds(thresholds)
+    resp, x, w = rocglm_frame(y, s, t)
+    glm = fit_glm_arrays(resp, x[:, None], family="probit", weights=w, names=list(GLM_NAMES))
+    pl_neg, pl_pos = placements(y, s)
+    return assemble(
+        glm,
+        t,
+        n_negative=pl_neg.size,
+        n_positive=pl_pos.size,
+        mean_negative=float(np.mean(pl_neg)),
+        mean_positive=float(np.mean(pl_pos)),
+        var_negative=float(np.var(pl_neg, ddof=1)),
+        var_positive=float(np.var(pl_pos, ddof=1)),
+        alpha=alpha,
+        mode="pooled",
+        roc_points=empirical_roc(sorted_reference(s[y == 0]), sorted_reference(s[y == 1])),
+    )
+
+
+def brier_score(y, p) -> float:
+    """Mean squared difference between predicted probability and label."""
+    y, p = _check(y, p, probability=True, both_classes=False)
+    return float(np.mean((p - y) ** 2))
+
+
+def calibration_curve(y, p, n_bins: int = 10, privacy_level: int = 0) -> CalibrationCurve:
+    """Calibration curve on pooled records; bins with fewer than `privacy_level` records are suppressed."""
+    y = np.asarray(y)
+    p = np.asarray(p, dtype=float)
+    if y.ndim != 1 or y.shape != p.shape or not np.all(np.isin(y, (0, 1))):
+        raise ValueError("labels must be a 0/1 vector of the same length as the predictions")
+    if not np.all(np.isfinite(p)) or (p.size and (p.min() < 0 or p.max() > 1)):
+        raise ValueError("predictions must be probabilities in [0, 1]")
+    idx = bin_index(p, n_bins)
+    counts = np.bincount(idx, minlength=n_bins)
+    released = released_bins(counts, privacy_level)
+    return assemble_curve(
+        counts,
+        np.bincount(idx, weights=p, minlength=n_bins),
+        np.bincount(idx, weights=y.astype(float), minlength=n_bins),
+        released,
+        privacy_level=privacy_level,
+        n_records=y.size,
+        mode="pooled",
+    )
+
+
+__all__ = [
+    "auc",
+    "brier_score",
+    "calibration_curve",
+    "delong_ci",
+    "delong_ci_logit",
+    "delong_variance",
+    "fit_glm",
+    "placements",
+    "roc_glm",
+    "rocglm_frame",
+]

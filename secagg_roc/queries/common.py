@@ -1,0 +1,125 @@
+"""Validation shared by the statistics site queries (run by each Site).
+
+Every check raises `SiteQueryError` through ``site.fail`` so the message names
+the site and the problem; nothing here returns or logs record values.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import SiteQueryError
+from .registry import SiteData
+
+
+def param(site: SiteData, params: dict[str, Any], key: str, kind: type | tuple[type, ...] = str) -> Any:
+    """A required query parameter of the given type."""
+    if key not in params:
+        raise site.fail(f"query parameter {key!r} is missing")
+    value = params[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise site.fail(f"query parameter {key!r} has type {type(value).__name__}")
+    return value
+
+
+def labels(site: SiteData, name: str) -> np.ndarray:
+    """The named 0/1 label vector as int64; refuses other values, NaN and non-vectors."""
+    raw = np.asarray(site.array(name))
+    if raw.ndim != 1:
+        raise site.fail(f"label array {name!r} must be one-dimensional, got shape {raw.shape}")
+    if raw.dtype.kind == "b":
+        return raw.astype(np.int64)
+    if raw.dtype.kind not in "iuf":
+        raise site.fail(f"label array {name!r} must be numeric 0/1, got dtype {raw.dtype}")
+    if raw.dtype.kind == "f" and not np.all(np.isfinite(raw)):
+        raise site.fail(f"label array {name!r} contains NaN or infinite values")
+    bad = ~np.isin(raw, (0, 1))
+    if np.any(bad):
+        found = np.unique(raw[bad])[:5]
+        raise site.fail(f"label array {name!r} must contain only 0 and 1; found {found.tolist()}")
+    return raw.astype(np.int64)
+
+
+def scores(site: SiteData, name: str, *, probability: bool, n: int | None = None) -> np.ndarray:
+    """The named score vector as float64: finite, of length `n`, in [0, 1] if `probability`."""
+    raw = np.asarray(site.array(name))
+    if raw.ndim != 1:
+        raise site.fail(f"score array {name!r} must be one-dimensional, got shape {raw.shape}")
+    if raw.dtype.kind not in "iufb":
+        raise site.fail(f"score array {name!r} must be numeric, got dtype {raw.dtype}")
+    s = raw.astype(np.float64)
+    if not np.all(np.isfinite(s)):
+        raise site.fail(f"score array {name!r} contains {int(np.sum(~np.isfinite(s)))} NaN or infinite value(s)")
+    if n is not None and s.size != n:
+        raise site.fail(f"score array {name!r} has {s.size} entries but the labels have {n}")
+    if probability and s.size and (s.min() < 0.0 or s.max() > 1.0):
+        raise site.fail(f"score array {name!r} must hold probabilities in [0, 1]")
+    return s
+
+
+def labels_scores(
+    site: SiteData, params: dict[str, Any], *, probability: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The (labels, scores) pair named by ``params["label"]`` and ``params["score"]``, checked together."""
+    y = labels(site, param(site, params, "label"))
+    s = scores(site, param(site, params, "score"), probability=probability, n=y.size)
+    return y, s
+
+
+def score_range(site: SiteData, params: dict[str, Any]) -> tuple[float, float]:
+    """The public score range ``params["score_range"]`` (default [0, 1])."""
+    lo, hi = params.get("score_range", (0.0, 1.0))
+    lo, hi = float(lo), float(hi)
+    if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
+        raise site.fail(f"score_range must be two finite numbers, lower < upper; got {[lo, hi]}")
+    return lo, hi
+
+
+def in_range(site: SiteData, s: np.ndarray, name: str, lo: float, hi: float) -> None:
+    """Refuse scores outside the declared public range (it bounds sensitivity and clipping)."""
+    if s.size and (s.min() < lo or s.max() > hi):
+        raise site.fail(f"score array {name!r} has values outside the declared score range [{lo}, {hi}]")
+
+
+def reference(site: SiteData, key: str) -> np.ndarray:
+    """A broadcast reference sample (pooled scores), sorted, as survivor() expects."""
+    ref = np.asarray(site.public_value(key), dtype=float).ravel()
+    if ref.size == 0 or not np.all(np.isfinite(ref)):
+        raise site.fail(f"public value {key!r} must be a non-empty finite sample")
+    return np.sort(ref)
+
+
+def matrix(site: SiteData, names: Any, n: int | None) -> np.ndarray:
+    """Columns from one or more named arrays (1-D or 2-D), as a float (records x columns) matrix."""
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(v, str) for v in names):
+        raise site.fail("covariates must be an array name or a list of array names")
+    cols = []
+    for name in names:
+        a = np.asarray(site.array(name))
+        if a.dtype.kind not in "iufb":
+            raise site.fail(f"covariate array {name!r} must be numeric, got dtype {a.dtype}")
+        a = a.astype(np.float64)
+        if a.ndim == 1:
+            a = a[:, None]
+        if a.ndim != 2:
+            raise site.fail(f"covariate array {name!r} must be 1-D or 2-D, got shape {a.shape}")
+        if not np.all(np.isfinite(a)):
+            raise site.fail(f"covariate array {name!r} contains NaN or infinite values")
+        cols.append(a)
+    if not cols:
+        return np.zeros((0 if n is None else n, 0))
+    rows = {c.shape[0] for c in cols}
+    if len(rows) != 1 or (n is not None and rows != {n}):
+        detail = ", ".join(f"{nm}: {c.shape[0]}" for nm, c in zip(names, cols))
+        expected = "" if n is None else f" (expected {n})"
+        raise site.fail(f"covariate arrays have mismatched lengths{expected}: {detail}")
+    return np.hstack(cols)
+
+
+__all__ = ["SiteQueryError", "param", "labels", "scores", "labels_scores", "score_range", "in_range", "reference", "matrix"]

@@ -1,0 +1,115 @@
+"""Site queries of the distributed GLM (run by each Site).
+
+The analyst fits a logit or probit model by Fisher scoring: every iteration
+each site evaluates the score vector, the Fisher information and its deviance
+contribution at the current public coefficients; only their secure totals reach
+the analyst. Before that, one round of column sums and sums of squares lets the
+analyst standardize the covariates so that the summed quantities stay well
+inside the fixed-point range.
+
+Which records form the model is a *design*: ``{"kind": "arrays", ...}`` reads
+response, covariates and optional weights from named arrays; other modules
+register designs built from derived data (the ROC-GLM registers one built from
+placement values, see `queries.roc`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from ..stats.families import check_family, fisher_parts
+from .common import labels, matrix, param
+from .registry import QueryResult, SiteData, site_query
+
+#: A design builder returns (y, X without intercept, prior weights, record count).
+Design = tuple[np.ndarray, np.ndarray, np.ndarray, int]
+DESIGNS: dict[str, Callable[[SiteData, dict[str, Any]], Design]] = {}
+
+
+def design(kind: str):
+    """Register a design builder under `kind` (run by each Site when a GLM query names it)."""
+
+    def register(func):
+        if kind in DESIGNS:
+            raise ValueError(f"GLM design {kind!r} is registered twice")
+        DESIGNS[kind] = func
+        return func
+
+    return register
+
+
+@design("arrays")
+def arrays_design(site: SiteData, spec: dict[str, Any]) -> Design:
+    """Response ``spec["y"]`` (0/1), covariates ``spec["X"]`` (names, may be empty), weights ``spec["weights"]``."""
+    y = labels(site, param(site, spec, "y")).astype(np.float64)
+    X = matrix(site, spec.get("X") or [], y.size)
+    w_name = spec.get("weights")
+    if w_name is None:
+        w = np.ones_like(y)
+    else:
+        w = np.asarray(site.array(w_name))
+        if w.ndim != 1 or w.dtype.kind not in "iuf":
+            raise site.fail(f"weight array {w_name!r} must be a numeric vector")
+        w = w.astype(np.float64)
+        if w.size != y.size:
+            raise site.fail(f"weight array {w_name!r} has {w.size} entries but the response has {y.size}")
+        if not np.all(np.isfinite(w)) or np.any(w < 0):
+            raise site.fail(f"weight array {w_name!r} must be finite and non-negative")
+    return y, X, w, int(y.size)
+
+
+def build_design(site: SiteData, params: dict[str, Any]) -> Design:
+    """The site's (y, X, w, records) for the design named in ``params["design"]``."""
+    spec = params.get("design")
+    if not isinstance(spec, dict):
+        raise site.fail("query parameter 'design' must be an object naming a design 'kind'")
+    builder = DESIGNS.get(spec.get("kind"))
+    if builder is None:
+        raise site.fail(f"unknown GLM design {spec.get('kind')!r}; known: {sorted(DESIGNS)}")
+    return builder(site, spec)
+
+
+def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.ndarray:
+    """Apply the analyst's public centre/scale to the covariates and prepend the intercept."""
+    p = X.shape[1]
+    center = np.asarray(params.get("center", [0.0] * p), dtype=float)
+    scale = np.asarray(params.get("scale", [1.0] * p), dtype=float)
+    if center.shape != (p,) or scale.shape != (p,) or np.any(scale <= 0):
+        raise site.fail(f"center/scale must be {p} numbers with positive scales")
+    return np.hstack([np.ones((X.shape[0], 1)), (X - center) / scale])
+
+
+@site_query("glm.moments")
+def glm_moments(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """Column sums and sums of squares of the covariates (for standardization), and the row count."""
+    _, X, _, records = build_design(site, params)
+    return QueryResult(
+        {
+            "sum": X.sum(axis=0),
+            "sum_sq": (X * X).sum(axis=0),
+            "rows": np.array([X.shape[0]], dtype=np.int64),
+        },
+        records=records,
+    )
+
+
+@site_query("glm.fisher")
+def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """Score vector, Fisher information and deviance at the public ``params["beta"]``."""
+    family = params.get("family", "logit")
+    try:
+        family = check_family(family)
+    except ValueError as exc:
+        raise site.fail(str(exc)) from None
+    y, X, w, records = build_design(site, params)
+    Z = _standardize(site, X, params)
+    beta = np.asarray(params.get("beta", []), dtype=float)
+    if beta.shape != (Z.shape[1],) or not np.all(np.isfinite(beta)):
+        raise site.fail(f"beta must be {Z.shape[1]} finite numbers (intercept first), got {beta.shape[0]}")
+    score, info, dev = fisher_parts(y, Z, w, beta, family)
+    return QueryResult(
+        {"score": score, "info": info, "deviance": np.array([dev])},
+        records=records,
+    )

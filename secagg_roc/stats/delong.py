@@ -1,0 +1,69 @@
+"""DeLong's variance of the AUC and its confidence intervals.
+
+DeLong et al. (1988): with placement values S1(x_j) of the negatives (share of
+positives scoring above negative j, ties 1/2) and S0(y_i) of the positives,
+``var(AUC) = var(S1(F0)) / n0 + var(S0(F1)) / n1`` (sample variances).
+
+* `logit_ci`: the paper's interval, ``logit(AUC) +- z sqrt(var) / (AUC (1 - AUC))``,
+  back-transformed; it stays inside (0, 1).
+* `raw_ci`: ``AUC +- z sqrt(var)``, clipped to [0, 1], as pROC's ``ci.auc`` reports.
+
+`placement_moments` computes the two means and variances over the sites with a
+distributed mean followed by a distributed sum of squared deviations.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from scipy.special import expit
+from scipy.stats import norm
+
+if TYPE_CHECKING:
+    from ..study import Study
+
+
+def delong_variance(var_negative: float, var_positive: float, n_negative: int, n_positive: int) -> float:
+    """DeLong's variance of the AUC from the placement-value variances."""
+    return float(var_negative) / int(n_negative) + float(var_positive) / int(n_positive)
+
+
+def _z(alpha: float) -> float:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
+    return float(norm.ppf(1.0 - alpha / 2.0))
+
+
+def logit_ci(auc: float, var_auc: float, alpha: float = 0.05) -> tuple[float, float]:
+    """Confidence interval on the logit scale (the paper's), back-transformed to (0, 1)."""
+    if not 0.0 < auc < 1.0:
+        return (float(auc), float(auc))  # degenerate: no spread on the logit scale
+    half = _z(alpha) * math.sqrt(var_auc) / (auc * (1.0 - auc))
+    centre = math.log(auc / (1.0 - auc))
+    return (float(expit(centre - half)), float(expit(centre + half)))
+
+
+def raw_ci(auc: float, var_auc: float, alpha: float = 0.05) -> tuple[float, float]:
+    """Raw-scale interval AUC +- z sqrt(var), clipped to [0, 1] (pROC's DeLong interval)."""
+    half = _z(alpha) * math.sqrt(var_auc)
+    return (max(0.0, auc - half), min(1.0, auc + half))
+
+
+def placement_moments(
+    study: "Study", params: dict[str, Any], n_negative: int, n_positive: int
+) -> tuple[float, float, float, float]:
+    """(mean, variance) of the negatives' and of the positives' placement values (run by the Analyst).
+
+    Two secure rounds: sums of placement values give the means; the sites then
+    return sums of squared deviations from those public means, which are
+    numerically stabler than sums of squares.
+    """
+    sums = study.aggregate("rocglm.placement_sums", params)
+    m_neg = float(np.asarray(sums["negative"]).reshape(-1)[0]) / n_negative
+    m_pos = float(np.asarray(sums["positive"]).reshape(-1)[0]) / n_positive
+    ssd = study.aggregate("rocglm.placement_ssd", {**params, "mean_negative": m_neg, "mean_positive": m_pos})
+    v_neg = float(np.asarray(ssd["negative"]).reshape(-1)[0]) / (n_negative - 1)
+    v_pos = float(np.asarray(ssd["positive"]).reshape(-1)[0]) / (n_positive - 1)
+    return m_neg, m_pos, max(v_neg, 0.0), max(v_pos, 0.0)

@@ -1,0 +1,328 @@
+"""Result objects of the statistics layer: readable repr, ``to_dict()`` for JSON, ``plot()``.
+
+Every result says how it was obtained: ``mode`` is "dp" (differentially
+private survivor functions), "non-private" (exact scores were released to the
+analyst: validation only) or "pooled" (a reference computed on pooled records).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.stats import norm
+
+NON_PRIVATE_NOTE = (
+    "NON-PRIVATE validation mode: the sites released their exact scores to the analyst"
+)
+
+
+class NamedArray(np.ndarray):
+    """A float vector whose entries can also be looked up by name: ``coef["age"]`` or ``coef[1]``."""
+
+    names: tuple[str, ...]
+
+    def __new__(cls, values: Sequence[float], names: Sequence[str]):
+        arr = np.asarray(values, dtype=float).reshape(-1).copy().view(cls)
+        if len(names) != arr.size:
+            raise ValueError(f"{arr.size} values but {len(names)} names")
+        arr.names = tuple(str(n) for n in names)
+        return arr
+
+    def __array_finalize__(self, obj) -> None:
+        self.names = getattr(obj, "names", ())
+
+    def __array_wrap__(self, out_arr, context=None, return_scalar=False):
+        # Arithmetic on a named vector gives a plain array: names need not survive it.
+        out = np.asarray(out_arr).view(np.ndarray)
+        return out[()] if return_scalar else out
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            try:
+                key = self.names.index(key)
+            except ValueError:
+                raise KeyError(f"no coefficient named {key!r}; names: {', '.join(self.names)}") from None
+        return np.asarray(self).__getitem__(key)
+
+    def to_dict(self) -> dict[str, float]:
+        return {n: float(v) for n, v in zip(self.names, np.asarray(self))}
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{n!r}: {float(v):.6g}" for n, v in zip(self.names, np.asarray(self)))
+        return f"NamedArray({{{inner}}})"
+
+
+def _f(x: float | None, digits: int = 4) -> str:
+    return "NA" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+# -- GLM ----------------------------------------------------------------------------------
+
+
+@dataclass
+class GlmResult:
+    """A fitted logit/probit GLM: coefficients (intercept first), covariance, deviance."""
+
+    coef: NamedArray
+    cov: np.ndarray
+    deviance: float
+    iterations: int
+    converged: bool
+    family: str
+    n_records: int | None = None
+    mode: str = "distributed"
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.coef.names
+
+    @property
+    def se(self) -> NamedArray:
+        """Standard errors (square roots of the diagonal of the inverse Fisher information)."""
+        return NamedArray(np.sqrt(np.diag(self.cov)), self.coef.names)
+
+    def table(self) -> list[tuple[str, float, float, float, float]]:
+        """(name, estimate, std. error, z, two-sided p) per coefficient."""
+        rows = []
+        for name, b, s in zip(self.names, np.asarray(self.coef), np.asarray(self.se)):
+            z = b / s if s > 0 else float("nan")
+            rows.append((name, float(b), float(s), float(z), float(2 * norm.sf(abs(z)))))
+        return rows
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "mode": self.mode,
+            "coef": self.coef.to_dict(),
+            "cov": np.asarray(self.cov).tolist(),
+            "names": list(self.names),
+            "deviance": self.deviance,
+            "iterations": self.iterations,
+            "converged": self.converged,
+            "n_records": self.n_records,
+        }
+
+    def __repr__(self) -> str:
+        width = max([len(n) for n in self.names] + [11])
+        lines = [
+            f"GLM ({self.family}, {self.mode}), {self.iterations} Fisher scoring iterations, "
+            + ("converged" if self.converged else "NOT converged"),
+            "",
+            f"  {'':{width}}  {'Estimate':>11} {'Std. Error':>11} {'z value':>9} {'Pr(>|z|)':>10}",
+        ]
+        for name, b, s, z, p in self.table():
+            lines.append(f"  {name:{width}}  {b:11.5f} {s:11.5f} {z:9.3f} {p:10.3g}")
+        lines += ["", f"  Residual deviance: {self.deviance:.4f}" + (f" on {self.n_records} records" if self.n_records else "")]
+        return "\n".join(lines)
+
+
+# -- ROC-GLM -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AucTest:
+    """One-sided test of H0: AUC <= a0 against H1: AUC > a0, on the logit scale of the CI."""
+
+    a0: float
+    auc: float
+    statistic: float
+    p_value: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"a0": self.a0, "auc": self.auc, "statistic": self.statistic, "p_value": self.p_value}
+
+    def __repr__(self) -> str:
+        return f"H0: AUC <= {self.a0}: z = {self.statistic:.3f}, one-sided p = {self.p_value:.4g}"
+
+
+def logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
+
+
+@dataclass
+class RocGlmResult:
+    """The ROC-GLM ``ROC(t) = Phi(gamma1 + gamma2 * Phi^-1(t))``, its AUC and DeLong intervals.
+
+    ``ci`` is the paper's interval: logit(AUC) +- z * sqrt(var) / (AUC (1 - AUC))
+    around the ROC-GLM AUC, with DeLong's variance of placement values.
+    ``ci_empirical`` is the raw-scale DeLong interval around the empirical AUC
+    (mean placement value), as pROC reports it.
+    """
+
+    params: NamedArray
+    auc: float
+    auc_closed_form: float
+    ci: tuple[float, float]
+    alpha: float
+    auc_empirical: float
+    ci_empirical: tuple[float, float]
+    var_auc: float
+    var_negative: float
+    var_positive: float
+    n_negative: int
+    n_positive: int
+    thresholds: np.ndarray
+    glm: GlmResult
+    mode: str
+    privacy: dict[str, Any] | None = None
+    roc_points: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+
+    @property
+    def private(self) -> bool:
+        return self.mode == "dp"
+
+    @property
+    def se_logit(self) -> float:
+        """Standard error of logit(AUC) by the delta method."""
+        return math.sqrt(self.var_auc) / (self.auc * (1.0 - self.auc))
+
+    def roc(self, t) -> np.ndarray:
+        """The fitted ROC curve at false positive rates `t`."""
+        t = np.asarray(t, dtype=float)
+        with np.errstate(divide="ignore"):
+            return norm.cdf(self.params[0] + self.params[1] * norm.ppf(t))
+
+    def test(self, a0: float) -> AucTest:
+        """One-sided test of H0: AUC <= a0 (logit scale, consistent with ``ci``)."""
+        if not 0.0 < a0 < 1.0:
+            raise ValueError(f"a0 must lie strictly between 0 and 1, got {a0}")
+        z = (logit(self.auc) - logit(a0)) / self.se_logit
+        return AucTest(float(a0), self.auc, float(z), float(norm.sf(z)))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {
+            "mode": self.mode,
+            "private": self.private,
+            "note": NON_PRIVATE_NOTE if self.mode == "non-private" else None,
+            "params": self.params.to_dict(),
+            "auc": self.auc,
+            "auc_closed_form": self.auc_closed_form,
+            "ci": list(self.ci),
+            "alpha": self.alpha,
+            "auc_empirical": self.auc_empirical,
+            "ci_empirical": list(self.ci_empirical),
+            "var_auc": self.var_auc,
+            "var_negative": self.var_negative,
+            "var_positive": self.var_positive,
+            "n_negative": self.n_negative,
+            "n_positive": self.n_positive,
+            "thresholds": np.asarray(self.thresholds).tolist(),
+            "privacy": self.privacy,
+            "glm": self.glm.to_dict(),
+        }
+        return out
+
+    def __repr__(self) -> str:
+        level = 1.0 - self.alpha
+        if self.mode == "dp":
+            p = self.privacy or {}
+            head = (
+                f"ROC-GLM (distributed, differentially private: epsilon = {p.get('epsilon')}, "
+                f"delta = {p.get('delta')}, l2-sensitivity = {p.get('l2_sensitivity')}, "
+                f"{p.get('mechanism')} Gaussian mechanism, sigma = {_f(p.get('sigma'))})"
+            )
+        elif self.mode == "non-private":
+            head = f"ROC-GLM (distributed) -- {NON_PRIVATE_NOTE}"
+        else:
+            head = f"ROC-GLM ({self.mode})"
+        g1, g2 = float(self.params[0]), float(self.params[1])
+        lo, hi = self.ci
+        elo, ehi = self.ci_empirical
+        return "\n".join(
+            [
+                head,
+                "",
+                f"\tBinormal form: pnorm({g1:.4f} + {g2:.4f}*qnorm(t))",
+                "",
+                f"\tAUC and {level:g} CI: [{lo:.4f}----{self.auc:.4f}----{hi:.4f}]",
+                "",
+                f"\tEmpirical AUC and {level:g} DeLong CI (raw scale): [{elo:.4f}----{self.auc_empirical:.4f}----{ehi:.4f}]",
+                f"\t{self.n_negative} negatives, {self.n_positive} positives; "
+                f"{len(self.thresholds)} thresholds; GLM {'converged' if self.glm.converged else 'NOT converged'} "
+                f"in {self.glm.iterations} iterations",
+            ]
+        )
+
+    def plot(self, ax=None, *, empirical: bool = True):
+        """ROC curve of the ROC-GLM, with the empirical curve of the released scores when available."""
+        from ..plotting import plot_roc
+
+        return plot_roc(self, ax=ax, empirical=empirical)
+
+
+# -- calibration ---------------------------------------------------------------------------
+
+
+@dataclass
+class CalibrationCurve:
+    """Calibration over equidistant bins; bins whose total count is below q are suppressed.
+
+    For a released bin: ``count``, ``mean_predicted`` and ``observed`` (share of
+    positives). For a suppressed bin all three are NaN and ``suppressed`` gives
+    the reason. ``ece`` is the expected calibration error over released bins
+    (weights: their share of the released records).
+    """
+
+    edges: np.ndarray
+    count: np.ndarray
+    mean_predicted: np.ndarray
+    observed: np.ndarray
+    released: np.ndarray
+    suppressed: list[dict[str, Any]]
+    privacy_level: int
+    ece: float
+    n_records: int
+    mode: str = "distributed"
+
+    @property
+    def n_bins(self) -> int:
+        return len(self.edges) - 1
+
+    @property
+    def n_released_records(self) -> int:
+        return int(np.nansum(self.count))
+
+    def to_dict(self) -> dict[str, Any]:
+        def clean(a):
+            return [None if not np.isfinite(v) else float(v) for v in np.asarray(a, dtype=float)]
+
+        return {
+            "mode": self.mode,
+            "n_bins": self.n_bins,
+            "edges": np.asarray(self.edges).tolist(),
+            "count": clean(self.count),
+            "mean_predicted": clean(self.mean_predicted),
+            "observed": clean(self.observed),
+            "released": np.asarray(self.released).astype(bool).tolist(),
+            "suppressed": self.suppressed,
+            "privacy_level": self.privacy_level,
+            "ece": self.ece,
+            "n_records": self.n_records,
+        }
+
+    def __repr__(self) -> str:
+        lines = [
+            f"Calibration curve ({self.mode}, {self.n_bins} bins, q = {self.privacy_level}): "
+            f"ECE = {self.ece:.4f}, {self.n_released_records} of {self.n_records} records in released bins",
+            "",
+            f"  {'bin':>15} {'count':>7} {'mean pred':>10} {'observed':>9}",
+        ]
+        for b in range(self.n_bins):
+            lab = f"({self.edges[b]:.2f}, {self.edges[b + 1]:.2f}]" if b else f"[{self.edges[b]:.2f}, {self.edges[b + 1]:.2f}]"
+            if self.released[b]:
+                lines.append(
+                    f"  {lab:>15} {int(self.count[b]):7d} {self.mean_predicted[b]:10.4f} {self.observed[b]:9.4f}"
+                )
+            else:
+                reason = next((s["reason"] for s in self.suppressed if s["bin"] == b), "suppressed")
+                lines.append(f"  {lab:>15} {'--':>7} {'--':>10} {'--':>9}   suppressed: {reason}")
+        return "\n".join(lines)
+
+    def plot(self, ax=None):
+        """Reliability diagram: observed share of positives against mean prediction per released bin."""
+        from ..plotting import plot_calibration
+
+        return plot_calibration(self, ax=ax)

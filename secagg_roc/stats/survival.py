@@ -1,0 +1,83 @@
+"""Survivor functions, placement values and ROC-GLM thresholds (pure arithmetic, no I/O).
+
+Shared by the site queries (which evaluate them on their own records against a
+broadcast reference sample) and by the pooled references, so that both sides
+compute exactly the same numbers.
+
+Conventions
+-----------
+* ``survivor(ref, x, ties="strict")`` is the empirical survivor function
+  ``S(x) = #{r in ref : r > x} / n`` (R's ``1 - ecdf(ref)(x)``). The ROC-GLM
+  response uses it, as the paper's code does.
+* ``ties="half"`` counts reference values equal to ``x`` as 1/2. Placement
+  values with half ties average to the Mann-Whitney AUC and give DeLong's
+  variance as pROC computes it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+Ties = Literal["strict", "half"]
+
+
+def sorted_reference(values) -> np.ndarray:
+    """A reference sample as a sorted float array (the form survivor() expects)."""
+    ref = np.sort(np.asarray(values, dtype=float).ravel())
+    return ref
+
+
+def survivor(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> np.ndarray:
+    """Empirical survivor function of the sorted sample `ref_sorted`, evaluated at `x`."""
+    ref = np.asarray(ref_sorted, dtype=float)
+    n = ref.size
+    if n == 0:
+        raise ValueError("survivor function of an empty reference sample")
+    x = np.asarray(x, dtype=float)
+    at_most = np.searchsorted(ref, x, side="right")
+    greater = n - at_most
+    if ties == "strict":
+        return greater / n
+    if ties == "half":
+        below = np.searchsorted(ref, x, side="left")
+        return (greater + 0.5 * (at_most - below)) / n
+    raise ValueError(f"ties must be 'strict' or 'half', got {ties!r}")
+
+
+def default_thresholds(n: int = 30) -> np.ndarray:
+    """The paper's threshold grid: `n` equidistant points of [0, 1] without the ends.
+
+    The paper's simulation code uses ``seq(0, 1, length.out = 30)`` and drops the
+    two points whose probit transform is infinite, leaving ``n - 2`` thresholds.
+    """
+    if n < 3:
+        raise ValueError("a threshold grid needs at least 3 points (the two ends are dropped)")
+    return np.linspace(0.0, 1.0, int(n))[1:-1]
+
+
+def check_thresholds(thresholds) -> np.ndarray:
+    """Thresholds as a float array strictly inside (0, 1), sorted and unique."""
+    t = np.unique(np.asarray(thresholds, dtype=float).ravel())
+    if t.size < 2:
+        raise ValueError("the ROC-GLM needs at least two distinct thresholds")
+    if not np.all(np.isfinite(t)) or t[0] <= 0.0 or t[-1] >= 1.0:
+        raise ValueError("thresholds must lie strictly between 0 and 1 (the probit of 0 and 1 is infinite)")
+    return t
+
+
+def exceedance_counts(placements: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """For each threshold t_j, how many placement values are <= t_j (the ROC-GLM's U column sums)."""
+    pv = np.sort(np.asarray(placements, dtype=float))
+    return np.searchsorted(pv, np.asarray(thresholds, dtype=float), side="right").astype(np.int64)
+
+
+def empirical_roc(negatives_sorted: np.ndarray, positives_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Empirical ROC points (fpr, tpr) for the rule "positive if score >= c", from (0, 0) to (1, 1)."""
+    neg = np.asarray(negatives_sorted, dtype=float)
+    pos = np.asarray(positives_sorted, dtype=float)
+    cuts = np.unique(np.concatenate([neg, pos]))[::-1]
+    fpr = 1.0 - np.searchsorted(neg, cuts, side="left") / neg.size
+    tpr = 1.0 - np.searchsorted(pos, cuts, side="left") / pos.size
+    return np.concatenate([[0.0], fpr]), np.concatenate([[0.0], tpr])

@@ -1,0 +1,186 @@
+"""Gaussian mechanisms, the paper's privacy table, l2-sensitivity and the DP score release."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+from scipy.stats import norm
+
+from secagg_roc.dp import (
+    SensitivityWarning,
+    analytic_sigma,
+    classic_sigma,
+    gaussian_noise,
+    gaussian_sigma,
+    histogram_representation,
+    l2_sensitivity,
+    max_gap_at_distance,
+    min_positive_distance,
+    privacy_profile,
+    recommended_privacy,
+)
+from secagg_roc.queries import SiteData, run_site_query
+from secagg_roc.study import Study
+
+GRID = [
+    (0.016, 0.3, 0.4),
+    (0.01, 0.2, 0.1),
+    (0.05, 0.5, 0.3),
+    (0.07, 0.5, 0.5),
+    (1.0, 0.1, 1e-5),
+    (1.0, 0.9, 1e-8),
+    (0.3, 0.05, 0.2),
+    (2.0, 0.7, 0.01),
+]
+
+
+def balle_wang_delta(sigma: float, d: float, eps: float) -> float:
+    """Phi(D/(2s) - eps s/D) - e^eps Phi(-D/(2s) - eps s/D), written out independently of the library."""
+    return norm.cdf(d / (2 * sigma) - eps * sigma / d) - math.exp(eps) * norm.cdf(-d / (2 * sigma) - eps * sigma / d)
+
+
+@pytest.mark.parametrize("d, eps, delta", GRID)
+def test_analytic_sigma_attains_delta_exactly_and_beats_classic(d, eps, delta):
+    sigma = analytic_sigma(d, eps, delta)
+    assert balle_wang_delta(sigma, d, eps) == pytest.approx(delta, rel=1e-9, abs=1e-15)
+    assert privacy_profile(sigma, d, eps) == pytest.approx(delta, rel=1e-9, abs=1e-15)
+    # Any smaller sigma leaks more than delta: sigma is the smallest that is (eps, delta)-DP.
+    assert balle_wang_delta(sigma * (1 - 1e-6), d, eps) > delta
+    assert sigma < classic_sigma(d, eps, delta)
+
+
+@pytest.mark.parametrize("eps", [1.0, 2.0, 8.0])
+def test_analytic_sigma_is_valid_for_large_epsilon(eps):
+    sigma = analytic_sigma(0.1, eps, 1e-6)
+    assert balle_wang_delta(sigma, 0.1, eps) == pytest.approx(1e-6, rel=1e-7)
+    with pytest.warns(UserWarning, match="epsilon < 1"):
+        classic_sigma(0.1, eps, 1e-6)
+
+
+def test_classic_sigma_formula():
+    assert classic_sigma(0.016, 0.3, 0.4) == pytest.approx(math.sqrt(2 * math.log(1.25 / 0.4)) * 0.016 / 0.3)
+    assert gaussian_sigma(0.016, 0.3, 0.4) == classic_sigma(0.016, 0.3, 0.4)
+    assert gaussian_sigma(0.016, 0.3, 0.4, mechanism="analytic") == analytic_sigma(0.016, 0.3, 0.4)
+    for bad in [(0, 0.3, 0.4), (0.1, -1, 0.4), (0.1, 0.3, 1.0), (0.1, 0.3, 0.0), (float("nan"), 0.3, 0.4)]:
+        with pytest.raises(ValueError):
+            classic_sigma(*bad)
+    with pytest.raises(ValueError, match="mechanism"):
+        gaussian_sigma(0.1, 0.3, 0.4, mechanism="laplace")
+
+
+@pytest.mark.parametrize(
+    "l2, expected",
+    [(0.001, (0.2, 0.1)), (0.01, (0.2, 0.1)), (0.0100001, (0.3, 0.4)), (0.03, (0.3, 0.4)), (0.04, (0.5, 0.3)),
+     (0.05, (0.5, 0.3)), (0.06, (0.5, 0.5)), (0.07, (0.5, 0.5))],
+)
+def test_recommended_privacy_table(l2, expected):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert recommended_privacy(l2) == expected
+
+
+def test_recommended_privacy_warns_above_007():
+    with pytest.warns(SensitivityWarning, match="above 0.07"):
+        assert recommended_privacy(0.0701) == (0.5, 0.5)
+    with pytest.raises(ValueError):
+        recommended_privacy(0.0)
+
+
+def test_gaussian_noise_is_clipped_and_has_the_right_scale():
+    rng = np.random.default_rng(0)
+    x = np.full(200_000, 0.5)
+    noisy = gaussian_noise(x, 0.1, rng)
+    assert np.std(noisy) == pytest.approx(0.1, rel=0.01)
+    edge = gaussian_noise(np.full(10_000, 0.99), 0.2, rng)
+    assert edge.max() == 1.0 and edge.min() >= 0.0
+
+
+def test_histogram_representation_and_adjacency():
+    X = np.array([[0.0, 1.0], [0.9, 1.0], [2.0, 0.0], [10.0, 0.0]])
+    R = histogram_representation(X, n_breaks=5, categorical=[1])
+    # Column 0: 5 bins of width 2 over [0, 10]; column 1: one-hot (a category change is distance 2).
+    assert R.tolist() == [[0, 0, 1], [0, 0, 1], [1, 1, 0], [4, 1, 0]]
+    assert min_positive_distance(R) == 3  # rows 0/1 are identical (distance 0 is not adjacency)
+    s = np.array([0.1, 0.2, 0.5, 0.9])
+    assert max_gap_at_distance(R, s, 3) == pytest.approx(0.4)  # pairs (0,2), (1,2) -> 0.4, 0.3
+    assert max_gap_at_distance(R, s, 1) == 0.0
+    assert min_positive_distance(np.zeros((3, 2), dtype=int)) is None
+
+
+def test_pairwise_scan_in_blocks_matches_brute_force():
+    rng = np.random.default_rng(1)
+    R = rng.integers(0, 20, size=(700, 3))  # more rows than one block of 256
+    s = rng.uniform(size=700)
+    D = np.abs(R[:, None, :] - R[None, :, :]).sum(axis=2)
+    iu = np.triu_indices(700, 1)
+    d = D[iu]
+    assert min_positive_distance(R) == d[d > 0].min()
+    gaps = np.abs(s[:, None] - s[None, :])[iu]
+    assert max_gap_at_distance(R, s, 2) == pytest.approx(gaps[d == 2].max())
+
+
+def _sensitivity_study(seed=3, sizes=(60, 45, 70)):
+    rng = np.random.default_rng(seed)
+    data = {}
+    for k, n in enumerate(sizes):
+        X = np.column_stack([rng.normal(50, 10, n), rng.integers(0, 2, n)])
+        s = 1 / (1 + np.exp(-(0.03 * (X[:, 0] - 50) + 0.4 * X[:, 1])))
+        data[f"site{k}"] = {"X": X, "score": s, "y": (rng.uniform(size=n) < s).astype(int)}
+    return Study.local(data, seed=seed), data
+
+
+def test_distributed_l2_sensitivity_equals_brute_force_over_sites():
+    study, data = _sensitivity_study()
+    n_breaks = sum(len(d["score"]) for d in data.values()) // 3
+    per_site = []
+    for d in data.values():
+        R = histogram_representation(d["X"], n_breaks, categorical=[1])
+        per_site.append((min_positive_distance(R), R, d["score"]))
+    d_star = min(m for m, _, _ in per_site)
+    top = max(max_gap_at_distance(R, s, d_star) for _, R, s in per_site)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SensitivityWarning)
+        sens = l2_sensitivity(study, "X", "score", categorical=[1])
+    assert sens.n_breaks == n_breaks
+    assert sens.l1_distance == d_star
+    assert sens.value == pytest.approx(math.ceil(top / 1e-4 - 1e-9) * 1e-4)
+    assert sens.value >= top  # rounded up: never understates the sensitivity
+    assert float(sens) == sens.value and sens.to_dict()["l1_distance"] == d_star
+
+
+def test_sensitivity_warns_when_no_direct_neighbours():
+    study, _ = _sensitivity_study()
+    with pytest.warns(SensitivityWarning, match="closest inputs are at l1 distance"):
+        sens = l2_sensitivity(study, "X", "score", n_breaks=100_000, categorical=[1])
+    assert sens.l1_distance > 1
+
+
+def test_sensitivity_totals_reveal_only_cell_counts():
+    study, _ = _sensitivity_study()
+    tot = study.aggregate(
+        "dp.l1_min_distance",
+        {"covariates": ["X"], "score": "score", "n_breaks": 58, "categorical": [1], "score_range": [0, 1], "max_distance": 64},
+    )
+    counts = np.asarray(tot["count"])
+    assert counts.dtype.kind == "i" and counts.sum() == 3  # one entry per site, nothing else
+
+
+def test_dp_release_is_noisy_clipped_sorted_and_split_by_class():
+    rng = np.random.default_rng(0)
+    y = np.tile([0, 1], 500)
+    s = rng.uniform(size=1000)
+    site = SiteData("one", {"y": y, "score": s}, rng=np.random.default_rng(1), allow_non_private=True)
+    params = {"label": "y", "score": "score", "epsilon": 0.3, "delta": 0.4, "l2_sensitivity": 0.016, "privacy_level": 5}
+    _, res = run_site_query(site, "rocglm.scores", params)
+    neg, pos = res.values["negative"], res.values["positive"]
+    # Same generator state as the site: exact scores + N(0, sigma^2) noise, clipped to [0, 1], sorted per class.
+    sigma = classic_sigma(0.016, 0.3, 0.4)
+    expected = np.clip(s + np.random.default_rng(1).normal(0.0, sigma, s.size), 0.0, 1.0)
+    np.testing.assert_array_equal(neg, np.sort(expected[y == 0]))
+    np.testing.assert_array_equal(pos, np.sort(expected[y == 1]))
+    assert neg.min() >= 0 and pos.max() <= 1 and (neg == 0).any() | (pos == 1).any()
+    _, exact = run_site_query(site, "rocglm.scores", {"label": "y", "score": "score", "non_private": True})
+    np.testing.assert_array_equal(exact.values["negative"], np.sort(s[y == 0]))
