@@ -68,3 +68,20 @@ def test_parties_receive_only_what_the_spec_lists(name, scheme, n):
 def test_the_check_would_catch_an_unlisted_message():
     spec = load("additive-secure-sum")
     assert ("aggregator", "site", "AggregateShare") not in allowed(spec)
+
+
+def test_rocglm_analysis_messages_are_all_listed():
+    spec = load("distributed-rocglm")
+    rng = np.random.default_rng(3)
+    data = {}
+    for i, n in enumerate((40, 35, 50)):
+        y = rng.integers(0, 2, n)
+        data[f"h{i}"] = {"y": y, "score": np.clip(0.3 * y + 0.7 * rng.random(n), 0, 1)}
+    study = sr.Study.local(data, n_aggregators=2, privacy_level=5, seed=1)
+    sr.roc_glm(study, label="y", score="score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
+    sr.calibration_curve(study, label="y", score="score", n_bins=5)
+    fed = study.federation
+    received = seen(fed)
+    assert ("site", "analyst", "DPRelease") in received and ("analyst", "site", "PublicValue") in received
+    unlisted = received - allowed(spec)
+    assert not unlisted, f"unlisted messages: {sorted(unlisted)}"

@@ -116,7 +116,7 @@ def _dp_setup(n=400, seed=7):
 
 def test_dp_mode_is_close_to_pooled_and_labelled():
     y, s, sizes = _dp_setup()
-    got = roc_glm(_study(y, s, sizes), "y", "score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
+    got = roc_glm(_study(y, s, sizes), "y", "score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016, mechanism="classic")
     ref = pooled.roc_glm(y, s)
     assert got.mode == "dp" and got.private
     assert got.privacy["sigma"] == pytest.approx(math.sqrt(2 * math.log(1.25 / 0.4)) * 0.016 / 0.3)
@@ -230,3 +230,13 @@ def test_too_few_positives_is_refused():
     s = np.linspace(0.1, 0.9, 20)
     with pytest.raises(ValueError, match="at least two negatives and two positives"):
         roc_glm(_study(y, s, [10, 10]), "y", "score", epsilon=None)
+
+
+def test_default_mechanism_is_analytic_with_less_noise_for_the_same_guarantee():
+    from secagg_roc.dp import analytic_sigma, classic_sigma
+
+    y, s, sizes = _dp_setup()
+    got = roc_glm(_study(y, s, sizes), "y", "score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
+    assert got.privacy["mechanism"] == "analytic"
+    assert got.privacy["sigma"] == pytest.approx(analytic_sigma(0.016, 0.3, 0.4))
+    assert got.privacy["sigma"] < classic_sigma(0.016, 0.3, 0.4) / 4
