@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import prg
+from .buffers import BufferPool
 from .errors import MessageError, PrivacyError, RoundError
 from .messages import (
     AggregateShare,
@@ -62,8 +63,11 @@ class RoundState(enum.Enum):
 class Round:
     """One round at one aggregator (run by that Aggregator)."""
 
-    def __init__(self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme):
+    def __init__(
+        self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme, buffers: BufferPool | None = None
+    ):
         self.query = query
+        self.buffers = buffers
         self.round_id = query.round_id
         self.index = index
         self.policy = policy
@@ -165,7 +169,8 @@ class Round:
                 f"{self.round_id}: the total covers {records} record(s), fewer than the privacy level "
                 f"q={self.policy.privacy_level}"
             )
-        acc = np.zeros(shares[0].length, dtype=np.uint64)
+        n = shares[0].length
+        acc = np.zeros(n, dtype=np.uint64) if self.buffers is None else self.buffers.zeros(n)
         for s in shares:
             self.scheme.accumulate(acc, Payload(seed=s.seed, vector=s.vector))
         self.released = AggregateShare(
@@ -173,11 +178,16 @@ class Round:
         )
         self.released_over = agreed
         self.state = RoundState.RELEASED
+        if self.buffers is not None:  # the summed payloads are read by nobody any more
+            for share in self.accepted.values():
+                self.buffers.give(share.vector)
         self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
         return self.released
 
     def forget(self) -> None:
         """Drop the released share's vector; the release itself (and its contributor set) is kept."""
+        if self.buffers is not None and self.released is not None:
+            self.buffers.give(self.released.vector)
         self.released = None
 
 
@@ -206,12 +216,16 @@ class Aggregator:
         *,
         max_open_rounds: int = 64,
         retain_released: int = 8,
+        buffers: BufferPool | None = None,
     ):
         self.study = check_name(study, "study id")
         # Released shares are kept for idempotent re-delivery, but only for the last
         # few rounds: a long study must not hold every aggregate in memory.
         self.retain_released = retain_released
         self._release_order: list[int] = []
+        # Only a caller that guarantees nobody else keeps share vectors (no transcripts,
+        # no wire copies) passes a pool: payloads and old releases are recycled into it.
+        self.buffers = buffers
         self.index = index
         self.policy = policy
         self.scheme = scheme
@@ -236,7 +250,7 @@ class Aggregator:
             return existing.status()
         if self.open_rounds() >= self.max_open_rounds:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
-        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme)
+        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers)
         return self.rounds[rid.number].status()
 
     def open_rounds(self) -> int:

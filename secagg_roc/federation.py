@@ -17,6 +17,7 @@ import numpy as np
 
 from .aggregator import Aggregator, RoundPolicy
 from .analyst import agree_contributors, combine
+from .buffers import BufferPool
 from .errors import PrivacyError, SiteQueryError
 from .messages import (
     CloseRound,
@@ -71,8 +72,11 @@ class LocalFederation:
         self.frac_bits = int(frac_bits)
         self.wire = wire
         self.policy = RoundPolicy(frozenset(self.sites), min_sites=min_sites, privacy_level=privacy_level)
+        # Without transcripts or wire copies, no one keeps a share vector after its
+        # round, so vectors are recycled instead of faulting in fresh memory each round.
+        self.buffers = BufferPool() if not (transcripts or wire) else None
         self.aggregators = [
-            Aggregator(self.study_id, j, self.policy, self.scheme, max_open_rounds=max_open_rounds)
+            Aggregator(self.study_id, j, self.policy, self.scheme, max_open_rounds=max_open_rounds, buffers=self.buffers)
             for j in range(self.scheme.n_aggregators)
         ]
         clash = {ANALYST, *(a.name for a in self.aggregators)} & set(self.sites)
@@ -163,7 +167,7 @@ class LocalFederation:
     # -- one round ----------------------------------------------------------------
 
     def _site(self, data: SiteData) -> Site:
-        return Site(data, self.study_id, self.scheme, self.sites)
+        return Site(data, self.study_id, self.scheme, self.sites, self.buffers)
 
     def _query(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Query:
         fb = self.frac_bits if frac_bits is None else int(frac_bits)

@@ -15,6 +15,7 @@ import numpy as np
 from .errors import MessageError, SiteQueryError
 from .messages import DPRelease, InputShare, Layout, PublicValue, Query, check_name
 from .aggregator import NOT_COUNTED
+from .buffers import BufferPool
 from .queries import SiteData, query_digest, run_site_query
 from .ring import FixedPoint
 from .sharing import SharingScheme
@@ -52,8 +53,16 @@ def unflatten(layout: Layout, vector: np.ndarray) -> dict[str, np.ndarray]:
 class Site:
     """A site's side of the protocol: its data, and the shares it sends per query."""
 
-    def __init__(self, data: SiteData, study: str, scheme: SharingScheme, all_sites: tuple[str, ...]):
+    def __init__(
+        self,
+        data: SiteData,
+        study: str,
+        scheme: SharingScheme,
+        all_sites: tuple[str, ...],
+        buffers: BufferPool | None = None,
+    ):
         self.data = data
+        self.buffers = buffers
         self.name = data.name
         self.study = study
         self.scheme = scheme
@@ -82,7 +91,8 @@ class Site:
         codec = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         encoding = codec.encoding_for(flat)
         try:
-            payloads = self.scheme.share(flat, codec, holder=self.holder)
+            out = None if self.buffers is None else self.buffers.take(flat.size)
+            payloads = self.scheme.share(flat, codec, holder=self.holder, out=out)
         except ValueError as exc:
             raise type(exc)(f"site {self.name!r}, query {query.name!r}: {exc}") from None
         count = NOT_COUNTED if records is None else int(records)

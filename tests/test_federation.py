@@ -136,3 +136,34 @@ def test_study_runs_whitelisted_queries_only():
         study.aggregate("dump_all_records", {})
     with pytest.raises(sr.SiteQueryError, match="no array named 'z'"):
         study.aggregate("sum", {"array": "z"})
+
+
+def test_recycled_buffers_never_change_a_result():
+    rng = np.random.default_rng(5)
+    sites = ["a", "b", "c"]
+    pooled_fed = sr.LocalFederation(sites, transcripts=False)  # recycles share vectors
+    assert pooled_fed.buffers is not None
+    for _ in range(12):  # more rounds than releases are retained, so vectors come back
+        values = {s: rng.standard_normal(1000) for s in sites}
+        ints = {s: rng.integers(-1000, 1000, 1000) for s in sites}
+        total = pooled_fed.secure_sum(values)
+        assert np.abs(total - sum(values.values())).max() <= 3 * 2.0**-32 + 1e-12
+        assert pooled_fed.secure_sum(ints).tolist() == sum(ints.values()).tolist()
+    assert sum(len(v) for v in pooled_fed.buffers._free.values()) > 0
+    assert sr.LocalFederation(sites).buffers is None  # transcripts keep vectors: no recycling
+
+
+def test_buffer_pool_only_keeps_vectors_it_may_reuse():
+    from secagg_roc.buffers import BufferPool
+
+    pool = BufferPool(max_per_length=1)
+    owned = np.ones(4, np.uint64)
+    pool.give(owned[:2])  # a view: someone else owns the memory
+    pool.give(np.ones(4, np.float64))
+    ro = np.ones(4, np.uint64)
+    ro.flags.writeable = False
+    pool.give(ro)
+    assert pool.take(4) is not owned
+    pool.give(owned)
+    pool.give(np.ones(4, np.uint64))  # over the per-length limit: dropped
+    assert pool.take(4) is owned and pool.zeros(4).tolist() == [0, 0, 0, 0]

@@ -49,7 +49,9 @@ class AdditiveSharing(SharingScheme):
         payloads[holder] = Payload(vector=correction)
         return payloads
 
-    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0) -> list[Payload]:
+    def share(
+        self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None
+    ) -> list[Payload]:
         """Run by a Site: like `split(codec.encode(x))`, but each block is masked with
         every seed's keystream right after it is encoded, while it is in cache."""
         if not 0 <= holder < self.n_aggregators:
@@ -61,8 +63,9 @@ class AdditiveSharing(SharingScheme):
             for stream in streams:
                 stream.apply(block, subtract=True)
 
-        correction = codec.encode(x, on_chunk=mask)
-        return [Payload(vector=correction.reshape(-1)) if j == holder else Payload(seed=seeds[j]) for j in range(self.n_aggregators)]
+        correction = codec.encode(x, out=out, on_chunk=mask)
+        correction = correction if correction.ndim == 1 else correction.reshape(-1)
+        return [Payload(vector=correction) if j == holder else Payload(seed=seeds[j]) for j in range(self.n_aggregators)]
 
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator."""

@@ -44,9 +44,13 @@ class SharingScheme(abc.ABC):
     def check_n(cls, n_aggregators: int) -> int:
         """Validate the number of aggregators this scheme runs with."""
 
-    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0) -> list[Payload]:
-        """Run by a Site: encode `x` with `codec` and split it (schemes may fuse the two)."""
-        return self.split(codec.encode(x), holder=holder)
+    def share(
+        self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None
+    ) -> list[Payload]:
+        """Run by a Site: encode `x` with `codec` (into `out` if given) and split it.
+
+        Schemes may fuse the two steps."""
+        return self.split(codec.encode(x, out=out), holder=holder)
 
     @abc.abstractmethod
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
