@@ -60,30 +60,13 @@ class Study(abc.ABC):
         """Send a public value to every site, where queries read it as ``site.public_value(name)``."""
 
     @staticmethod
-    def local(
-        data: Mapping[str, Mapping[str, Any]],
-        *,
-        n_aggregators: int = 2,
-        privacy_level: int = 5,
-        min_sites: int = 2,
-        seed: int | None = None,
-        scheme: str = "additive",
-        frac_bits: int = 32,
-    ) -> "LocalStudy":
+    def local(data: Mapping[str, Mapping[str, Any]], **options: Any) -> "LocalStudy":
         """An embedded study: every site, aggregator and the analyst in this process.
 
-        `data` maps site name -> {array name -> array}. `seed` seeds the sites'
-        DP noise only (share randomness always comes from the operating system).
+        `data` maps site name -> {array name -> array}; `options` are those of
+        `LocalStudy` (n_aggregators, privacy_level, min_sites, seed, scheme, frac_bits).
         """
-        return LocalStudy(
-            data,
-            n_aggregators=n_aggregators,
-            privacy_level=privacy_level,
-            min_sites=min_sites,
-            seed=seed,
-            scheme=scheme,
-            frac_bits=frac_bits,
-        )
+        return LocalStudy(data, **options)
 
 
 def site_noise_rng(seed: int | None, site: str) -> np.random.Generator:
@@ -95,7 +78,11 @@ def site_noise_rng(seed: int | None, site: str) -> np.random.Generator:
 
 
 class LocalStudy(Study):
-    """The embedded study: sites hold their arrays here; sums go through a `LocalFederation`."""
+    """The embedded study: sites hold their arrays here; sums go through a `LocalFederation`.
+
+    `seed` seeds the sites' DP noise only (share randomness always comes from the
+    operating system); ``scheme="plaintext"`` runs the non-private baseline.
+    """
 
     def __init__(
         self,
