@@ -58,6 +58,7 @@ class RoundPolicy:
 class RoundState(enum.Enum):
     OPEN = "open"
     RELEASED = "released"
+    ABANDONED = "abandoned"
 
 
 class Round:
@@ -105,7 +106,7 @@ class Round:
         if share.site not in self.policy.sites:
             raise RoundError(f"unknown site {share.site!r}: not registered in study {rid.study!r}")
         if self.state is not RoundState.OPEN:
-            raise RoundError(f"{rid} is closed; share from {share.site!r} refused")
+            raise RoundError(f"{rid} is {'closed' if self.state is RoundState.RELEASED else 'abandoned'}; share from {share.site!r} refused")
         length = share.length
         if length == 0 or length > self.policy.max_length:
             raise MessageError(f"share length {length} outside 1..{self.policy.max_length}")
@@ -154,6 +155,8 @@ class Round:
             if self.released is None:
                 raise RoundError(f"{self.round_id} was released long ago; its aggregate share is no longer held")
             return self.released  # the same release again reveals nothing new
+        if self.state is RoundState.ABANDONED:
+            raise RoundError(f"{self.round_id} was abandoned; nothing is released")
         missing = [s for s in agreed if s not in self.accepted]
         if missing:
             raise RoundError(f"cannot close {self.round_id}: no share from {missing} at aggregator {self.index}")
@@ -183,6 +186,12 @@ class Round:
                 self.buffers.give(share.vector)
         self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
         return self.released
+
+    def abandon(self) -> None:
+        """Give up an open round (its deadline passed): free its shares; it never releases."""
+        if self.state is RoundState.OPEN:
+            self.state = RoundState.ABANDONED
+            self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
 
     def forget(self) -> None:
         """Drop the released share's vector; the release itself (and its contributor set) is kept."""
@@ -252,6 +261,12 @@ class Aggregator:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
         self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers)
         return self.rounds[rid.number].status()
+
+    def abandon(self, number: int) -> None:
+        """Abandon round `number` if it is open; its number stays used and is never reopened."""
+        r = self.rounds.get(number)
+        if r is not None:
+            r.abandon()
 
     def open_rounds(self) -> int:
         return sum(r.state is RoundState.OPEN for r in self.rounds.values())

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-from scipy.stats import rankdata
 
 from .stats.binning import bin_index
 from .stats.calibration import assemble_curve, released_bins
@@ -45,6 +44,8 @@ def _check(y, s, *, probability: bool = False, both_classes: bool = True) -> tup
 
 def auc(y, s) -> float:
     """Empirical AUC (Mann-Whitney), ties counted 1/2; agrees with pROC and scikit-learn."""
+    from scipy.stats import rankdata  # imported here: scipy.stats costs ~1 s at import
+
     y, s = _check(y, s)
     ranks = rankdata(s)  # average ranks give ties half credit
     n1 = int(y.sum())

@@ -127,3 +127,14 @@ def test_brier_bounds():
     y = np.array([0, 1] * 5)
     assert brier_score(_study(y, y.astype(float), [5, 5]), "y", "p") == 0.0
     assert brier_score(_study(y, 1.0 - y, [5, 5]), "y", "p") == 1.0
+
+
+def test_a_site_with_no_records_in_released_bins_still_contributes():
+    # Site b's predictions all fall into a bin that is suppressed (total count < q):
+    # its per-bin sums are all zero, and must still have the same layout as a's.
+    a = {"y": np.array([0, 1] * 10), "score": np.linspace(0.55, 0.95, 20)}
+    b = {"y": np.array([0, 1, 0]), "score": np.array([0.05, 0.06, 0.07])}
+    study = Study.local({"a": a, "b": b}, privacy_level=5)
+    curve = calibration_curve(study, label="y", score="score", n_bins=10)
+    assert curve.n_records == 23
+    assert 0 in [s["bin"] for s in curve.suppressed]

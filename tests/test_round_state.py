@@ -261,3 +261,18 @@ def test_old_releases_are_forgotten_but_still_refuse_a_different_set():
     with pytest.raises(PrivacyError, match="second release"):
         a.handle(CloseRound(old, ("s0",)))
     assert a.handle(make_query(0)).released  # status still says it was released
+
+
+def test_abandoned_round_frees_its_slot_and_never_releases(agg):
+    rid = make_query().round_id
+    agg.handle(good("s0", records=3))
+    agg.handle(good("s1", records=3))
+    assert agg.open_rounds() == 1
+    agg.abandon(rid.number)
+    assert agg.open_rounds() == 0
+    with pytest.raises(RoundError, match="abandoned"):
+        agg.round(rid).close(("s0", "s1"))
+    with pytest.raises(RoundError, match="abandoned"):
+        agg.handle(good("s2"))
+    with pytest.raises(RoundError, match="different query"):
+        agg.open(make_query(name="other"))  # the number stays used

@@ -20,7 +20,6 @@ import warnings
 from typing import Literal
 
 import numpy as np
-from scipy.optimize import brentq
 from scipy.special import log_ndtr, ndtr
 
 Mechanism = Literal["classic", "analytic"]
@@ -65,6 +64,8 @@ def _sup_increasing(f, target: float) -> float:
         hi *= 2.0
         if hi > 1e12:
             raise ValueError("analytic Gaussian calibration did not bracket its root")
+    from scipy.optimize import brentq  # imported when used: it slows every process's start
+
     return brentq(lambda v: f(v) - target, 0.0, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps, maxiter=500)
 
 

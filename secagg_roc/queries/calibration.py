@@ -51,6 +51,8 @@ def bin_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
         raise site.fail(f"'released' must be a list of bin indices in 0..{n_bins - 1}")
     idx = bin_index(p, n_bins)
     keep = np.isin(idx, released)
-    sum_pred = np.bincount(idx[keep], weights=p[keep], minlength=n_bins)
-    sum_label = np.bincount(idx[keep], weights=y[keep], minlength=n_bins)
+    # bincount returns integers when nothing is counted: fix the dtype, or this site's
+    # output layout would differ from the others' and the round would refuse it.
+    sum_pred = np.bincount(idx[keep], weights=p[keep], minlength=n_bins).astype(np.float64)
+    sum_label = np.bincount(idx[keep], weights=y[keep], minlength=n_bins).astype(np.float64)
     return QueryResult({"sum_pred": sum_pred, "sum_label": sum_label}, records=int(y.size))

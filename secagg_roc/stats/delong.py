@@ -18,8 +18,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from scipy.special import expit
-from scipy.stats import norm
+from scipy.special import expit, ndtri
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -33,7 +32,7 @@ def delong_variance(var_negative: float, var_positive: float, n_negative: int, n
 def _z(alpha: float) -> float:
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
-    return float(norm.ppf(1.0 - alpha / 2.0))
+    return float(ndtri(1.0 - alpha / 2.0))
 
 
 def logit_ci(auc: float, var_auc: float, alpha: float = 0.05) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.stats import norm
+from scipy.special import ndtr, ndtri
 
 NON_PRIVATE_NOTE = (
     "NON-PRIVATE validation mode: the sites released their exact scores to the analyst"
@@ -89,7 +89,7 @@ class GlmResult:
         rows = []
         for name, b, s in zip(self.names, np.asarray(self.coef), np.asarray(self.se)):
             z = b / s if s > 0 else float("nan")
-            rows.append((name, float(b), float(s), float(z), float(2 * norm.sf(abs(z)))))
+            rows.append((name, float(b), float(s), float(z), float(2 * ndtr(-abs(z)))))
         return rows
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,14 +183,14 @@ class RocGlmResult:
         """The fitted ROC curve at false positive rates `t`."""
         t = np.asarray(t, dtype=float)
         with np.errstate(divide="ignore"):
-            return norm.cdf(self.params[0] + self.params[1] * norm.ppf(t))
+            return ndtr(self.params[0] + self.params[1] * ndtri(t))
 
     def test(self, a0: float) -> AucTest:
         """One-sided test of H0: AUC <= a0 (logit scale, consistent with ``ci``)."""
         if not 0.0 < a0 < 1.0:
             raise ValueError(f"a0 must lie strictly between 0 and 1, got {a0}")
         z = (logit(self.auc) - logit(a0)) / self.se_logit
-        return AucTest(float(a0), self.auc, float(z), float(norm.sf(z)))
+        return AucTest(float(a0), self.auc, float(z), float(ndtr(-z)))
 
     def to_dict(self) -> dict[str, Any]:
         out = {

@@ -38,7 +38,6 @@ import warnings
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
-from scipy.integrate import quad
 from scipy.special import ndtr, ndtri
 
 from ..dp.gaussian import gaussian_sigma
@@ -70,6 +69,8 @@ class AucAgreementWarning(UserWarning):
 def binormal_auc(gamma1: float, gamma2: float) -> tuple[float, float]:
     """(integral of Phi(g1 + g2 Phi^-1(t)) over (0, 1), closed form Phi(g1 / sqrt(1 + g2^2)))."""
     closed = float(ndtr(gamma1 / math.sqrt(1.0 + gamma2 * gamma2)))
+    from scipy.integrate import quad  # imported when used: it slows every process's start
+
     integral, _ = quad(lambda t: float(ndtr(gamma1 + gamma2 * ndtri(t))), 0.0, 1.0, epsabs=1e-13, epsrel=1e-12, limit=200)
     if abs(integral - closed) > AUC_AGREEMENT:
         warnings.warn(

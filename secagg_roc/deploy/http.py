@@ -1,0 +1,480 @@
+"""The HTTPS protocol between parties: endpoints, framing, errors, and the client.
+
+Endpoints of an aggregator (all over mutual TLS 1.3; who may call each is
+checked from the peer's certificate on every request)::
+
+    POST /v1/message     one encoded message; reply one encoded message
+                         analyst: Query -> RoundStatus, StatusRequest -> RoundStatus,
+                                  CloseRound -> AggregateShare
+                         site:    InputShare -> RoundStatus (names the submitter only),
+                                  DPRelease -> RoundStatus
+    POST /v1/status      analyst; body StatusRequest; ?wait=SECONDS long-polls until every
+                         site has answered the round (or refused it); reply frames:
+                         RoundStatus, then one ErrorReply per site that refused
+    POST /v1/releases    analyst; body StatusRequest of a DP round; reply frames: DPRelease...
+    POST /v1/broadcast   analyst; ?number=N; body PublicValue; reply 204
+    POST /v1/refusal     site; body frames: StatusRequest (the round), ErrorReply (why); reply 204
+    GET  /v1/feed        site; ?since=SEQ&wait=SECONDS; reply feed: the open queries and
+                         the current public values after SEQ (long-polls when there are none)
+    GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number
+
+Errors are an `ErrorReply` message (binary) with the HTTP status of its class
+(`status_for`); `raise_for_reply` turns it back into the same exception class
+with the same text on the client.
+
+The client (`AggregatorClient`) is a small HTTP/1.1 client over asyncio
+streams rather than aiohttp's: it checks the aggregator's identity (study,
+role, *name*) right after the TLS handshake, before a single byte of a request
+is written. All loopback aggregators share the host-name SAN 127.0.0.1, so
+without that check a share meant for ``agg-2`` could be handed to ``agg-1``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import ssl
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterable, NoReturn, Sequence
+
+from .. import errors
+from ..errors import MessageError, SecAggError
+from ..messages import ErrorReply, Message, decode
+from .config import AggregatorConfig
+from .tls import AuthError, authorize, peer_identity
+
+__all__ = [
+    "MESSAGE_TYPE",
+    "FRAMES_TYPE",
+    "FEED_TYPE",
+    "ServiceError",
+    "TransportError",
+    "RequestTooLarge",
+    "status_for",
+    "error_reply",
+    "raise_for_reply",
+    "pack_frames",
+    "unpack_frames",
+    "FeedEntry",
+    "pack_feed",
+    "unpack_feed",
+    "AggregatorClient",
+]
+
+MESSAGE_TYPE = "application/x-secagg-message"
+FRAMES_TYPE = "application/x-secagg-frames"
+FEED_TYPE = "application/x-secagg-feed"
+
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+class ServiceError(SecAggError):
+    """A party answered with an error this client does not map to a library class (e.g. 5xx)."""
+
+    def __init__(self, text: str, status: int = 500):
+        super().__init__(text)
+        self.status = status
+
+
+class TransportError(SecAggError, ConnectionError):
+    """The aggregator could not be reached or the connection broke: worth retrying."""
+
+
+class RequestTooLarge(MessageError):
+    """A request body was larger than the study's ``max_body_bytes``."""
+
+
+# --------------------------------------------------------------------------- errors <-> statuses
+
+#: Error classes a reply may name, by `ErrorReply.code`. Anything else becomes `ServiceError`.
+ERROR_CLASSES: dict[str, type[Exception]] = {
+    cls.__name__: cls
+    for cls in (
+        errors.MessageError,
+        errors.RoundError,
+        errors.PrivacyError,
+        errors.SiteQueryError,
+        errors.EncodingError,
+        errors.CombineError,
+        errors.ConfigError,
+        AuthError,
+        RequestTooLarge,
+    )
+}
+
+# Order matters: subclasses before their bases.
+_STATUSES: tuple[tuple[type[Exception], int], ...] = (
+    (RequestTooLarge, 413),
+    (AuthError, 403),
+    (errors.PrivacyError, 409),  # the round's state (too few sites/records, released) forbids it
+    (errors.RoundError, 409),
+    (errors.MessageError, 400),
+    (errors.SiteQueryError, 400),
+    (errors.EncodingError, 400),
+    (errors.ConfigError, 400),
+)
+
+
+def status_for(exc: BaseException) -> int:
+    """The HTTP status for an error raised while handling a request."""
+    for cls, status in _STATUSES:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_reply(exc: BaseException) -> ErrorReply:
+    """The `ErrorReply` carrying `exc`'s class name and text."""
+    code = type(exc).__name__ if type(exc).__name__ in ERROR_CLASSES else "ServiceError"
+    return ErrorReply(code, str(exc) or code)
+
+
+def exception_for(reply: ErrorReply, status: int = 500) -> Exception:
+    """The exception an `ErrorReply` stands for: the same class, with the same text."""
+    cls = ERROR_CLASSES.get(reply.code)
+    if cls is None:
+        return ServiceError(reply.text, status)
+    return cls(reply.text)
+
+
+def raise_for_reply(status: int, body: bytes, who: str) -> NoReturn:
+    """Raise the error a non-2xx response carries (`who` names the party for undecodable bodies)."""
+    try:
+        reply = decode(body)
+    except MessageError:
+        reply = None
+    if isinstance(reply, ErrorReply):
+        raise exception_for(reply, status)
+    text = bytes(body[:200]).decode("utf-8", "replace")
+    raise ServiceError(f"{who} answered HTTP {status} without an error message: {text!r}", status)
+
+
+# --------------------------------------------------------------------------- framing
+
+
+def pack_frames(messages: Iterable[Message | bytes]) -> list[Any]:
+    """Several messages as buffers: each is u32 length + its encoding."""
+    out: list[Any] = []
+    for m in messages:
+        bufs = m.to_buffers() if isinstance(m, Message) else [m]
+        out.append(_U32.pack(sum(len(memoryview(b).cast("B")) for b in bufs)))
+        out.extend(bufs)
+    return out
+
+
+def unpack_frames(data: bytes | memoryview, *, limit: int = 1 << 16) -> list[Message]:
+    """Inverse of `pack_frames`; `MessageError` for anything malformed."""
+    view = memoryview(data).cast("B")
+    pos, out = 0, []
+    while pos < len(view):
+        if len(out) >= limit:
+            raise MessageError(f"more than {limit} frames")
+        if pos + 4 > len(view):
+            raise MessageError("frame length truncated")
+        (n,) = _U32.unpack(view[pos : pos + 4])
+        pos += 4
+        if pos + n > len(view):
+            raise MessageError(f"frame of {n} bytes truncated")
+        out.append(decode(view[pos : pos + n]))
+        pos += n
+    return out
+
+
+@dataclass(frozen=True)
+class FeedEntry:
+    """One entry of an aggregator's feed to the sites: a `Query` or a `PublicValue` and its number.
+
+    `number` is the analyst's sequence number: a query's round number, or the
+    number the analyst gave a broadcast. Sites apply entries in number order.
+    """
+
+    number: int
+    message: Message
+
+
+def pack_feed(next_since: int, entries: Sequence[tuple[int, bytes]]) -> list[Any]:
+    """A feed reply: u64 cursor to pass as ``since`` next time, then (u64 number, frame) entries."""
+    out: list[Any] = [_U64.pack(next_since)]
+    for number, body in entries:
+        out.append(_U64.pack(number) + _U32.pack(len(body)))
+        out.append(body)
+    return out
+
+
+def unpack_feed(data: bytes | memoryview) -> tuple[int, list[FeedEntry]]:
+    """Inverse of `pack_feed`; `MessageError` for anything malformed."""
+    view = memoryview(data).cast("B")
+    if len(view) < 8:
+        raise MessageError("feed reply truncated")
+    (next_since,) = _U64.unpack(view[:8])
+    pos, out = 8, []
+    while pos < len(view):
+        if pos + 12 > len(view):
+            raise MessageError("feed entry header truncated")
+        (number,) = _U64.unpack(view[pos : pos + 8])
+        (n,) = _U32.unpack(view[pos + 8 : pos + 12])
+        pos += 12
+        if pos + n > len(view):
+            raise MessageError("feed entry truncated")
+        out.append(FeedEntry(number, decode(view[pos : pos + n])))
+        pos += n
+    return next_since, out
+
+
+# --------------------------------------------------------------------------- client
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Connection:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.reader = reader
+        self.writer = writer
+
+    def usable(self) -> bool:
+        return not self.writer.is_closing() and not self.reader.at_eof()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _is_alert(exc: BaseException) -> bool:
+    # A TLS alert from the server (e.g. it refused our certificate) is an auth failure, not a glitch.
+    return isinstance(exc, ssl.SSLError) and "ALERT" in str(getattr(exc, "reason", "") or exc).upper()
+
+
+class AggregatorClient:
+    """HTTPS client for one aggregator (run by Sites, the Analyst and tests).
+
+    Every new connection is checked to lead to the aggregator called
+    `config.name` of study `study_id` before it is used. Connections are kept
+    alive and reused. Every request of the protocol is idempotent, so a
+    request on a reused connection the server had already closed is sent again
+    on a fresh one.
+    """
+
+    def __init__(
+        self,
+        config: AggregatorConfig,
+        study_id: str,
+        ssl_context: ssl.SSLContext,
+        *,
+        max_response_bytes: int = 1 << 30,
+        connect_timeout: float = 10.0,
+    ):
+        self.config = config
+        self.name = config.name
+        self.study_id = study_id
+        self.ssl_context = ssl_context
+        self.max_response_bytes = max_response_bytes
+        self.connect_timeout = connect_timeout
+        self._idle: list[_Connection] = []
+
+    def __repr__(self) -> str:
+        return f"AggregatorClient({self.name!r}, {self.config.url})"
+
+    async def _connect(self) -> _Connection:
+        try:
+            reader, writer = await asyncio.wait_for(
+                asyncio.open_connection(
+                    self.config.host,
+                    self.config.port,
+                    ssl=self.ssl_context,
+                    server_hostname=self.config.host,
+                    limit=1 << 16,
+                ),
+                self.connect_timeout,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            raise AuthError(f"aggregator {self.name!r} at {self.config.url}: certificate not accepted: {exc}") from None
+        except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            raise TransportError(f"cannot reach aggregator {self.name!r} at {self.config.url}: {exc or type(exc).__name__}") from None
+        try:
+            authorize(peer_identity(writer.get_extra_info("ssl_object")), self.study_id, {"aggregator"}, {self.name})
+        except AuthError as exc:
+            writer.close()
+            raise AuthError(f"the server at {self.config.url} is not aggregator {self.name!r}: {exc}") from None
+        return _Connection(reader, writer)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: Sequence[Any] | bytes | None = None,
+        *,
+        content_type: str = MESSAGE_TYPE,
+        timeout: float = 60.0,
+    ) -> Response:
+        """Send one request and return the response (any status). `TransportError` if it fails."""
+        bufs: Sequence[Any] = [] if body is None else ([body] if isinstance(body, (bytes, bytearray, memoryview)) else body)
+        length = sum(len(memoryview(b).cast("B")) for b in bufs)
+        head = (
+            f"{method} {path} HTTP/1.1\r\nHost: {self.config.host}:{self.config.port}\r\n"
+            f"Content-Length: {length}\r\nContent-Type: {content_type}\r\nConnection: keep-alive\r\n\r\n"
+        ).encode("ascii")
+        for attempt in range(2):
+            conn, reused = None, False
+            while attempt == 0 and self._idle and conn is None:
+                conn = self._idle.pop()
+                if not conn.usable():
+                    conn.close()
+                    conn = None
+            if conn is None:
+                conn = await self._connect()
+            else:
+                reused = True
+            try:
+                return await asyncio.wait_for(self._exchange(conn, head, bufs), timeout)
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
+                conn.close()
+                if _is_alert(exc):
+                    raise AuthError(f"aggregator {self.name!r} refused this party's certificate: {exc}") from None
+                if reused and attempt == 0 and not isinstance(exc, asyncio.TimeoutError):
+                    continue  # the server closed an idle keep-alive connection: try a fresh one
+                what = "timed out" if isinstance(exc, asyncio.TimeoutError) else f"failed: {exc or type(exc).__name__}"
+                raise TransportError(f"{method} {path} to aggregator {self.name!r} {what}") from None
+            except BaseException:
+                conn.close()
+                raise
+        raise AssertionError("unreachable")
+
+    async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any]) -> Response:
+        conn.writer.write(head)
+        for b in bufs:
+            conn.writer.write(b)
+        await conn.writer.drain()
+        status_line = await conn.reader.readuntil(b"\r\n")
+        parts = status_line.decode("latin-1").split(" ", 2)
+        if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
+            raise ConnectionError(f"bad HTTP status line {status_line[:80]!r}")
+        status = int(parts[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = await conn.reader.readuntil(b"\r\n")
+            if line == b"\r\n":
+                break
+            key, _, value = line.decode("latin-1").partition(":")
+            headers[key.strip().lower()] = value.strip()
+            if len(headers) > 100:
+                raise ConnectionError("too many response headers")
+        if status in (204, 304) or 100 <= status < 200:
+            body = b""  # these statuses never carry a body (RFC 9112 section 6.3)
+        elif headers.get("transfer-encoding", "").lower() == "chunked":
+            body = await self._read_chunked(conn.reader)
+        elif "content-length" in headers:
+            n = int(headers["content-length"])
+            if n > self.max_response_bytes:
+                raise ConnectionError(f"response of {n} bytes exceeds the limit {self.max_response_bytes}")
+            body = await conn.reader.readexactly(n)
+        else:  # no length: the body runs to the end of the connection
+            chunks = bytearray()
+            while chunk := await conn.reader.read(1 << 16):
+                chunks += chunk
+                if len(chunks) > self.max_response_bytes:
+                    raise ConnectionError("response exceeds the limit")
+            body = bytes(chunks)
+            headers["connection"] = "close"
+        if headers.get("connection", "").lower() == "close":
+            conn.close()
+        else:
+            self._idle.append(conn)
+        return Response(status, headers, body)
+
+    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
+        out = bytearray()
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass
+                return bytes(out)
+            if len(out) + size > self.max_response_bytes:
+                raise ConnectionError("chunked response exceeds the limit")
+            out += await reader.readexactly(size)
+            await reader.readexactly(2)
+
+    def _check(self, resp: Response, path: str) -> Response:
+        if not 200 <= resp.status < 300:
+            raise_for_reply(resp.status, resp.body, f"aggregator {self.name!r} ({path})")
+        return resp
+
+    # -- the protocol's calls ----------------------------------------------------
+
+    async def send(self, message: Message, *, timeout: float = 120.0) -> Message:
+        """POST /v1/message: one message, its one-message reply; errors raise their class."""
+        resp = self._check(await self.request("POST", "/v1/message", message.to_buffers(), timeout=timeout), "/v1/message")
+        return decode(resp.body)
+
+    async def status(self, request: Message, wait: float = 0.0) -> list[Message]:
+        """POST /v1/status: RoundStatus, then an ErrorReply per refusing site."""
+        path = f"/v1/status?wait={max(0.0, wait):.3f}"
+        resp = self._check(await self.request("POST", path, request.to_buffers(), timeout=wait + 30.0), path)
+        return unpack_frames(resp.body)
+
+    async def releases(self, request: Message) -> list[Message]:
+        """POST /v1/releases: the DP releases this aggregator holds for a round."""
+        resp = self._check(await self.request("POST", "/v1/releases", request.to_buffers()), "/v1/releases")
+        return unpack_frames(resp.body)
+
+    async def broadcast(self, number: int, value: Message) -> None:
+        """POST /v1/broadcast?number=N: hand a public value to the aggregator's feed."""
+        path = f"/v1/broadcast?number={int(number)}"
+        self._check(await self.request("POST", path, value.to_buffers()), path)
+
+    async def refuse(self, request: Message, reply: ErrorReply) -> None:
+        """POST /v1/refusal: tell the aggregator (and so the analyst) why this site refused a round."""
+        self._check(
+            await self.request("POST", "/v1/refusal", pack_frames([request, reply]), content_type=FRAMES_TYPE),
+            "/v1/refusal",
+        )
+
+    async def feed(self, since: int, wait: float) -> tuple[int, list[FeedEntry]]:
+        """GET /v1/feed: the open queries and public values after cursor `since`."""
+        path = f"/v1/feed?since={int(since)}&wait={max(0.0, wait):.3f}"
+        resp = self._check(await self.request("GET", path, timeout=wait + 30.0), path)
+        return unpack_feed(resp.body)
+
+    async def info(self) -> dict[str, Any]:
+        """GET /v1/info."""
+        resp = self._check(await self.request("GET", "/v1/info", timeout=30.0), "/v1/info")
+        try:
+            value = json.loads(resp.body)
+        except ValueError as exc:
+            raise ServiceError(f"aggregator {self.name!r}: /v1/info is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ServiceError(f"aggregator {self.name!r}: /v1/info is not a JSON object")
+        return value
+
+    async def close(self) -> None:
+        """Close idle connections."""
+        while self._idle:
+            conn = self._idle.pop()
+            conn.close()
+            try:
+                await asyncio.wait_for(conn.writer.wait_closed(), 1.0)
+            except (Exception, asyncio.TimeoutError):
+                pass
+
+
+async def retry(call, *, deadline: float, what: str, first_delay: float = 0.05, max_delay: float = 1.0):
+    """Await `call()` until it succeeds, retrying `TransportError` with backoff until `deadline`.
+
+    Only transport failures are retried: an error reply (refusal) is final.
+    """
+    loop = asyncio.get_running_loop()
+    delay = first_delay
+    while True:
+        try:
+            return await call()
+        except TransportError as exc:
+            if loop.time() + delay > deadline:
+                raise TransportError(f"{what}: gave up at the deadline: {exc}") from None
+            await asyncio.sleep(delay)
+            delay = min(max_delay, delay * 2)

@@ -1,0 +1,316 @@
+"""The aggregator's durable state without the network: real SQLite logs, replayed into fresh states.
+
+What a restart must preserve: every accepted share, the one release of a round
+(never a second over another contributor set), every round number ever used,
+abandoned rounds; and a site agent's CSV loading rules.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from secagg_roc.aggregator import RoundState
+from secagg_roc.analyst import combine
+from secagg_roc.deploy.aggregator_service import ABANDON_FACTOR, AggregatorState, parse_refusal, replay
+from secagg_roc.deploy.config import loopback_study
+from secagg_roc.deploy.http import pack_frames
+from secagg_roc.deploy.local_cluster import write_site_csv
+from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.deploy.store import Store
+from secagg_roc.errors import ConfigError, MessageError, PrivacyError, RoundError, SiteQueryError
+from secagg_roc.messages import (
+    CloseRound,
+    DPRelease,
+    ErrorReply,
+    InputShare,
+    PublicValue,
+    Query,
+    RoundId,
+    StatusRequest,
+)
+from secagg_roc.queries import SiteData, canonical_params, query_digest
+from secagg_roc.sharing import make_scheme
+from secagg_roc.site import Site
+
+SITES = ["site-a", "site-b", "site-c"]
+STUDY = "state-test"
+DATA = {
+    "site-a": np.array([[1.5, 2.0], [0.25, -1.0]]),
+    "site-b": np.array([[10.0, 0.5], [2.0, 2.0], [1.0, 1.0]]),
+    "site-c": np.array([[-3.0, 4.0]]),
+}
+
+
+@pytest.fixture()
+def config(tmp_path: Path):
+    return loopback_study(tmp_path, SITES, 2, [19101, 19102], study_id=STUDY, privacy_level=4, min_sites=2,
+                          round_timeout_s=10.0, max_open_rounds=3)
+
+
+def make_query(number: int, name: str = "sum", params: dict | None = None, frac_bits: int = 32) -> Query:
+    canon = canonical_params(params if params is not None else {"array": "x"})
+    rid = RoundId(STUDY, number, query_digest(STUDY, name, canon, frac_bits))
+    return Query(rid, name, json.dumps(canon, sort_keys=True, separators=(",", ":")), frac_bits)
+
+
+def site_shares(query: Query, site: str) -> list[InputShare]:
+    """Run by a Site: its shares for `query` (real `Site`, real randomness)."""
+    s = Site(SiteData(site, {"x": DATA[site], "y": 2 * DATA[site]}), STUDY, make_scheme("additive", 2), tuple(SITES))
+    return s.answer(query)
+
+
+class Aggregator:
+    """One aggregator's state plus its log, the way the service uses them (apply, then append)."""
+
+    def __init__(self, config, name: str, path: Path):
+        self.config, self.name, self.path = config, name, path
+        self.store = Store(path, study=STUDY, party=name)
+        self.state = AggregatorState(config, name)
+        replay(self.state, self.store)
+
+    def apply(self, kind: str, message, *, number: int = 0, party: str = "", at: float = 1000.0):
+        body = b"".join(pack_frames([StatusRequest(message.round_id), message.reply])) if kind == "refusal" else (
+            message.encode() if message is not None else b"")
+        applied = self.state.apply(kind, message, number=number, party=party, at=at, body=body)
+        if applied.changed:
+            self.store.append(kind, number, body, party=party, at=at)
+        return applied
+
+    def restart(self) -> "Aggregator":
+        self.store.close()
+        return Aggregator(self.config, self.name, self.path)
+
+
+def pair(config, tmp_path: Path) -> list[Aggregator]:
+    return [Aggregator(config, f"agg-{j + 1}", tmp_path / f"agg-{j + 1}.sqlite") for j in range(2)]
+
+
+def run_round(aggs: list[Aggregator], query: Query, sites: list[str]) -> list:
+    for a in aggs:
+        a.apply("query", query)
+    for s in sites:
+        for share in site_shares(query, s):
+            aggs[share.aggregator].apply("share", share)
+    return [a.apply("close", CloseRound(query.round_id, tuple(sorted(sites)))).reply for a in aggs]
+
+
+def test_a_restart_replays_shares_and_the_release_is_identical(config, tmp_path: Path) -> None:
+    aggs = pair(config, tmp_path)
+    q = make_query(0)
+    for a in aggs:
+        a.apply("query", q)
+    for s in ("site-a", "site-b"):
+        for share in site_shares(q, s):
+            aggs[share.aggregator].apply("share", share)
+    aggs = [a.restart() for a in aggs]  # kill between the shares and the close
+    assert all(a.state.status(q.round_id).accepted == ("site-a", "site-b") for a in aggs)
+    shares = [a.apply("close", CloseRound(q.round_id, ("site-a", "site-b"))).reply for a in aggs]
+    total = combine(shares, make_scheme("additive", 2))
+    np.testing.assert_allclose(total.values["sum"], DATA["site-a"].sum(0) + DATA["site-b"].sum(0))
+    assert total.records == 5
+
+    again = [a.restart() for a in aggs]
+    replayed = [a.state.core.rounds[0].released for a in again]
+    for before, after in zip(shares, replayed):
+        assert after is not None and after.contributors == before.contributors
+        np.testing.assert_array_equal(after.vector, before.vector)
+    # the same close again is the same release; any other set is refused, after the restart too
+    for a, before in zip(again, shares):
+        np.testing.assert_array_equal(a.apply("close", CloseRound(q.round_id, ("site-a", "site-b"))).reply.vector,
+                                      before.vector)
+        with pytest.raises(PrivacyError, match="second release"):
+            a.apply("close", CloseRound(q.round_id, ("site-a",)))
+        with pytest.raises(RoundError, match="closed"):
+            a.apply("share", site_shares(q, "site-c")[a.state.index])
+
+
+def test_round_numbers_are_never_reused_even_after_restart(config, tmp_path: Path) -> None:
+    aggs = pair(config, tmp_path)
+    run_round(aggs, make_query(0), ["site-a", "site-b"])
+    aggs[0].apply("public", PublicValue(STUDY, "t", np.array([0.5])), number=1)
+    aggs = [a.restart() for a in aggs]
+    with pytest.raises(RoundError, match="already used"):
+        aggs[0].apply("query", make_query(0, params={"array": "y"}))
+    with pytest.raises(RoundError, match="already used"):
+        aggs[0].apply("query", make_query(1))  # a broadcast's number
+    with pytest.raises(RoundError, match="already used"):
+        aggs[0].apply("public", PublicValue(STUDY, "t", np.array([0.7])), number=0)
+    # the same query and the same broadcast again are idempotent, and log nothing
+    count = aggs[0].store.count()
+    assert not aggs[0].apply("query", make_query(0)).changed
+    assert not aggs[0].apply("public", PublicValue(STUDY, "t", np.array([0.5])), number=1).changed
+    assert aggs[0].store.count() == count
+    assert aggs[0].state.next_number == 2
+
+
+def test_refusals_leave_the_state_and_the_log_unchanged(config, tmp_path: Path) -> None:
+    (agg, _) = pair(config, tmp_path)
+    q = make_query(0)
+    agg.apply("query", q)
+    share = site_shares(q, "site-a")[0]
+    agg.apply("share", share)
+    assert not agg.apply("share", share).changed  # identical resubmission: accepted, not logged again
+    count = agg.store.count()
+    bad = [
+        ("share", site_shares(q, "site-a")[0], RoundError, "different share"),
+        ("share", site_shares(q, "site-b")[1], RoundError, "addressed to aggregator 1"),
+        ("share", site_shares(make_query(0, params={"array": "y"}), "site-b")[0], RoundError, "different query"),
+        ("share", site_shares(make_query(7), "site-b")[0], RoundError, "no round 7"),
+        ("close", CloseRound(q.round_id, ("site-a", "site-b")), RoundError, "no share from"),
+        ("close", CloseRound(q.round_id, ("site-a",)), PrivacyError, "min_sites"),
+        ("query", Query(RoundId("other-study", 1, q.round_id.query), "sum", q.params_json, 32), RoundError, "study"),
+        ("query", Query(RoundId(STUDY, 1, q.round_id.query), "sum", '{"array":"y"}', 32), MessageError, "digest"),
+        ("query", make_query(1, name="no.such.query", params={}), SiteQueryError, "unknown site query"),
+        ("dprelease", DPRelease(q.round_id, "site-a", (("v", (1,), False),), np.array([1.0])), RoundError, "secure-sum"),
+    ]
+    for kind, message, error, text in bad:
+        with pytest.raises(error, match=text):
+            agg.apply(kind, message)
+    assert agg.store.count() == count
+    assert agg.state.status(q.round_id).accepted == ("site-a",)
+
+
+def test_q_is_checked_on_the_records_of_the_agreed_set(config, tmp_path: Path) -> None:
+    aggs = pair(config, tmp_path)
+    q = make_query(0)
+    for a in aggs:
+        a.apply("query", q)
+    for s in ("site-a", "site-c"):  # 2 + 1 records < q = 4
+        for share in site_shares(q, s):
+            aggs[share.aggregator].apply("share", share)
+    with pytest.raises(PrivacyError, match="privacy level"):
+        aggs[0].apply("close", CloseRound(q.round_id, ("site-a", "site-c")))
+    assert aggs[0].state.core.rounds[0].released is None
+
+
+def test_max_open_rounds_and_abandonment(config, tmp_path: Path) -> None:
+    (agg, _) = pair(config, tmp_path)
+    for n in range(3):
+        agg.apply("query", make_query(n), at=1000.0 + n)
+    with pytest.raises(RoundError, match="max_open_rounds"):
+        agg.apply("query", make_query(3))
+    # A round is abandoned ABANDON_FACTOR round timeouts after it opened.
+    horizon = 1000.0 + ABANDON_FACTOR * config.round_timeout_s
+    assert agg.state.expired(horizon + 0.5, config.round_timeout_s) == [0]
+    agg.apply("abandon", None, number=0)
+    agg = agg.restart()
+    assert 0 in agg.state.abandoned and agg.state.core.rounds[0].state is RoundState.ABANDONED
+    agg.apply("query", make_query(3))  # the slot is free again
+    with pytest.raises(RoundError, match="abandoned"):
+        agg.apply("query", make_query(0))  # but its number is not
+    with pytest.raises(RoundError, match="abandoned"):
+        agg.apply("share", site_shares(make_query(0), "site-a")[0])
+
+
+def test_dp_rounds_refusals_and_the_feed(config, tmp_path: Path) -> None:
+    (agg, _) = pair(config, tmp_path)
+    agg.apply("public", PublicValue(STUDY, "ref", np.array([1.0])), number=0)
+    agg.apply("public", PublicValue(STUDY, "other", np.array([2.0])), number=1)
+    agg.apply("public", PublicValue(STUDY, "ref", np.array([3.0])), number=2)
+    dp = make_query(3, name="rocglm.scores", params={"label": "y", "score": "s"})
+    agg.apply("query", dp)
+    secure = make_query(4)
+    agg.apply("query", secure)
+    release = DPRelease(dp.round_id, "site-a", (("negative", (2,), False),), np.array([0.1, 0.4]))
+    agg.apply("dprelease", release)
+    assert not agg.apply("dprelease", release).changed
+    with pytest.raises(RoundError, match="different values"):
+        agg.apply("dprelease", DPRelease(dp.round_id, "site-a", (("negative", (2,), False),), np.array([0.1, 0.5])))
+    refusal = parse_refusal(b"".join(pack_frames([StatusRequest(secure.round_id), ErrorReply("SiteQueryError", "not allowed")])))
+    agg.apply("refusal", refusal, party="site-b")
+    agg = agg.restart()
+
+    assert agg.state.status(dp.round_id).accepted == ("site-a",)
+    assert [r.site for r in agg.state.releases(dp.round_id)] == ["site-a"]
+    (reply,) = agg.state.refusal_replies(secure.round_id)
+    assert reply.code == "SiteQueryError" and reply.text == "site 'site-b': not allowed"
+
+    def numbers(site: str, since: int = 0) -> list[int]:
+        return [n for n, _ in agg.state.feed_for(site, since)[1]]
+
+    # site-c needs the newest value of each name and both open rounds; the first "ref" was replaced
+    assert numbers("site-c") == [1, 2, 3, 4]
+    assert numbers("site-a") == [1, 2, 4]  # it released in round 3
+    assert numbers("site-b") == [1, 2, 3]  # it refused round 4
+    assert numbers("site-c", since=4) == [4]
+    assert agg.state.feed_for("site-c", 99) == (5, [])
+
+
+def test_a_database_belongs_to_one_study_and_party(config, tmp_path: Path) -> None:
+    path = tmp_path / "agg.sqlite"
+    Store(path, study=STUDY, party="agg-1").close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    with pytest.raises(ConfigError, match="belongs to party 'agg-1'"):
+        Store(path, study=STUDY, party="agg-2")
+    with pytest.raises(ConfigError, match="belongs to study"):
+        Store(path, study="another", party="agg-1")
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ConfigError, match="not a usable"):
+        Store(junk, study=STUDY, party="agg-1")
+
+
+def test_append_many_is_one_transaction(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.sqlite", study=STUDY, party="site-a")
+    with pytest.raises(sqlite3.Error):
+        store.append_many([("a", 1, b"x"), ("b", 2, object())])  # the second cannot be stored
+    assert store.count() == 0
+    store.append_many([("a", 1, b"x"), ("b", 2, b"y")])
+    assert [(e.kind, e.body) for e in store.entries()] == [("a", b"x"), ("b", b"y")]
+
+
+def test_a_log_that_no_longer_applies_is_reported(config, tmp_path: Path) -> None:
+    path = tmp_path / "agg-1.sqlite"
+    with Store(path, study=STUDY, party="agg-1") as store:
+        store.append("share", 0, site_shares(make_query(0), "site-a")[0].encode())  # no query before it
+    with pytest.raises(ConfigError, match="log entry 1"):
+        Aggregator(config, "agg-1", path)
+
+
+# --------------------------------------------------------------------------- site data
+
+
+def test_csv_round_trip_keeps_values_and_dtypes(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    arrays = {"y": rng.integers(0, 2, 40), "score": rng.random(40), "X": rng.normal(size=(40, 3)) * 1e6,
+              "w": np.array([1.0, 2.0] * 20)}
+    cols = write_site_csv(tmp_path / "s.csv", arrays)
+    assert cols["X"] == ("X_0", "X_1", "X_2") and cols["y"] == "y"
+    back = load_site_data(tmp_path / "s.csv", cols)
+    assert back["y"].dtype == np.int64 and back["score"].dtype == np.float64 and back["w"].dtype == np.float64
+    for k, v in arrays.items():
+        np.testing.assert_array_equal(back[k], v)
+
+
+@pytest.mark.parametrize(
+    "text, columns, problem",
+    [
+        ("y,s\n1,0.5\n0,\n", {"s": "s"}, "data row 2: '' is not a number"),
+        ("y,s\n1,0.5\n0,abc\n", {"s": "s"}, "'abc' is not a number"),
+        ("y,s\n1,0.5\n0,nan\n", {"s": "s"}, "not a finite number"),
+        ("y,s\n1,0.5\n", {"s": "score"}, "no column 'score'"),
+        ("y,s\n1,0.5,3\n", {"s": "s"}, "has 3 fields"),
+        ("", {"s": "s"}, "empty file"),
+    ],
+)
+def test_bad_csv_files_name_the_problem(tmp_path: Path, text: str, columns: dict, problem: str) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=problem):
+        load_site_data(path, columns)
+
+
+def test_npz_site_data(tmp_path: Path) -> None:
+    np.savez(tmp_path / "d.npz", v=np.arange(6.0).reshape(1, 6))
+    out = load_site_data(tmp_path / "d.npz", {"x": "v"})
+    np.testing.assert_array_equal(out["x"], np.arange(6.0).reshape(1, 6))
+    with pytest.raises(ConfigError, match="no array 'w'"):
+        load_site_data(tmp_path / "d.npz", {"x": "w"})
