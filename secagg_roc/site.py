@@ -77,22 +77,35 @@ class Site:
         if query_digest(self.study, query.name, query.params, query.frac_bits) != query.round_id.query:
             raise MessageError(f"site {self.name!r}: query digest does not match {query.name!r} and its parameters")
 
-    def answer(self, query: Query) -> list[InputShare]:
-        """Run by the Site: one `InputShare` per aggregator for a secure-sum query."""
+    def answer(self, query: Query, *, seeds: Mapping[int, bytes] | None = None) -> list[InputShare]:
+        """Run by the Site: one `InputShare` per aggregator for a secure-sum query.
+
+        `seeds` (default: fresh ones) re-creates a split the site made before; see `share`."""
         self.check_query(query)
         spec, result = run_site_query(self.data, query.name, query.params)
         if spec.release != "secure":
             raise SiteQueryError(f"site {self.name!r}: query {query.name!r} is not a secure-sum query")
-        return self.share(query, result.values, result.records)
+        return self.share(query, result.values, result.records, seeds=seeds)
 
-    def share(self, query: Query, values: Mapping[str, np.ndarray], records: int | None) -> list[InputShare]:
-        """Encode and split `values` (the output of `query`) into one share per aggregator."""
+    def share(
+        self,
+        query: Query,
+        values: Mapping[str, np.ndarray],
+        records: int | None,
+        *,
+        seeds: Mapping[int, bytes] | None = None,
+    ) -> list[InputShare]:
+        """Encode and split `values` (the output of `query`) into one share per aggregator.
+
+        The split's seeds come from the operating system unless `seeds` is given
+        (aggregator index -> seed, every index but the holder's): a restarted
+        deployed site passes the seeds it logged to re-create identical shares."""
         layout, flat = flatten(values)
         codec = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         encoding = codec.encoding_for(flat)
         try:
             out = None if self.buffers is None else self.buffers.take(flat.size)
-            payloads = self.scheme.share(flat, codec, holder=self.holder, out=out)
+            payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds)
         except ValueError as exc:
             raise type(exc)(f"site {self.name!r}, query {query.name!r}: {exc}") from None
         count = NOT_COUNTED if records is None else int(records)

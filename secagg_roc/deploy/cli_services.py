@@ -47,8 +47,10 @@ for queries declared differentially private, with noised values. It refuses
 queries not in its allowed_queries and tells the analyst why.
 
 Needs: ca.pem, keys/NAME/cert.pem, keys/NAME/key.pem (SECRET), the data file.
-Its answers are logged in --state before they are sent, so after a restart it
-re-sends the same shares instead of computing new ones.
+Its answers are logged in --state before they are sent (for secure sums: the
+split's seeds and digests), so after a restart it re-creates and re-sends the
+same shares instead of new ones, and refuses a round whose shares it can no
+longer re-create because its data changed.
 """
 
 _ANALYZE_DESCRIPTION = """\

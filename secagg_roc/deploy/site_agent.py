@@ -14,7 +14,15 @@ port). For each query it:
 3. logs that answer durably in its own database *before* sending anything, so
    a restarted agent re-sends the same shares rather than new ones (the shares
    of a round must come from one split, or the total is wrong) and never draws
-   DP noise twice for one round;
+   DP noise twice for one round. A secure-sum answer is logged as its split,
+   not its vectors: the PRG seeds, the holder index and SHA-256 digests of the
+   correction vector and of the public metadata (layout, encoding, records),
+   a few hundred bytes instead of a share vector (`split_record`). After a
+   restart the agent re-runs the query on its data with the logged seeds and
+   sends the result only if both digests match; if they differ (the data or
+   the public values changed) it refuses the round with an error naming it,
+   because a different share would silently corrupt the total. A DP release
+   and a refusal are logged as the messages themselves;
 4. pushes share j to aggregator j (and a DP release or refusal to every
    aggregator), retrying with backoff while the round can still use it.
    Resubmitting the identical share is idempotent at the aggregator.
@@ -29,12 +37,14 @@ from __future__ import annotations
 
 import asyncio
 import csv
+import hashlib
 import json
 import logging
 import os
 import signal
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -50,7 +60,7 @@ from .http import AggregatorClient, FeedEntry, ServiceError, TransportError, pac
 from .store import Store
 from .tls import AuthError, client_ssl_context
 
-__all__ = ["load_site_data", "SiteAgent", "run_site", "default_state_path"]
+__all__ = ["load_site_data", "SiteAgent", "run_site", "default_state_path", "split_record", "split_mismatch"]
 
 log = logging.getLogger("secagg_roc.site")
 
@@ -156,6 +166,91 @@ def _refusal_of(site: str, query: Query, exc: BaseException) -> ErrorReply:
     return ErrorReply(code, text)
 
 
+#: Format tag of a logged secure-sum answer (its split, not its vectors).
+SPLIT_FORMAT = "split-v1"
+
+
+def _share_meta_digest(shares: list[InputShare]) -> str:
+    """SHA-256 of what every share of one split carries besides its payload: round, site,
+    encoding, record count and layout (one digest: all shares of a split carry the same)."""
+    metas = {
+        json.dumps(
+            [s.round_id.study, s.round_id.number, s.round_id.query.hex(), s.site, s.encoding.frac_bits,
+             bool(s.encoding.integer), int(s.records), [[n, list(shape), bool(i)] for n, shape, i in s.layout]],
+            separators=(",", ":"),
+        )
+        for s in shares
+    }
+    if len(metas) != 1:
+        raise ValueError("the shares of one split disagree on their round, site, encoding, records or layout")
+    return hashlib.sha256(metas.pop().encode()).hexdigest()
+
+
+def _vector_digest(vector: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(vector, dtype=np.uint64)).cast("B")).hexdigest()
+
+
+def split_record(shares: list[InputShare]) -> dict[str, Any]:
+    """What a site agent logs for a secure-sum answer (SECRET: the seeds), as a JSON-able dict.
+
+    Enough to re-create the identical shares from the same data
+    (`Site.answer(query, seeds=...)`) and to check that they are identical:
+    the round, the holder (the one aggregator that gets a vector), each other
+    aggregator's seed, and SHA-256 digests of the holder's correction vector
+    and of the shares' public metadata.
+    """
+    holders = [s for s in shares if s.vector is not None]
+    if len(holders) != 1 or any(s.seed is None for s in shares if s.vector is None):
+        raise ValueError("a split is one vector share (the holder's) and seed shares for every other aggregator")
+    holder = holders[0]
+    rid = holder.round_id
+    return {
+        "format": SPLIT_FORMAT,
+        "round": [rid.study, rid.number, rid.query.hex()],
+        "holder": int(holder.aggregator),
+        "seeds": {str(s.aggregator): s.seed.hex() for s in shares if s.seed is not None},
+        "correction_sha256": _vector_digest(holder.vector),
+        "meta_sha256": _share_meta_digest(shares),
+    }
+
+
+def split_mismatch(record: Mapping[str, Any], shares: list[InputShare]) -> str | None:
+    """Why `shares` are not the split `record` describes, or None when they are identical."""
+    try:
+        again = split_record(shares)
+    except ValueError as exc:
+        return str(exc)
+    for key, what in (
+        ("round", "round"),
+        ("holder", "holder aggregator (did the study's site list change?)"),
+        ("seeds", "seeds"),
+        ("meta_sha256", "layout, encoding or record count"),
+        ("correction_sha256", "share vector"),
+    ):
+        if again[key] != record.get(key):
+            return f"the shares re-created from its data with the logged seeds differ in their {what}"
+    return None
+
+
+def _round_of(record: Mapping[str, Any]) -> RoundId:
+    study, number, query = record["round"]
+    return RoundId(str(study), int(number), bytes.fromhex(query))
+
+
+@dataclass
+class _Answer:
+    """This site's answer to one round: what to send to each aggregator.
+
+    `outputs` is None for a secure-sum answer replayed from the log: the
+    shares are re-created from `split` (the logged record) when needed.
+    """
+
+    round_id: RoundId
+    kind: str  # "shares" | "dp release" | "refusal"
+    outputs: list[list[Message]] | None
+    split: dict[str, Any] | None = None
+
+
 class SiteAgent:
     """Site `name` of a deployed study: follows the feeds, answers, pushes (run by that Site)."""
 
@@ -192,8 +287,8 @@ class SiteAgent:
         self.store = Store(state_path or default_state_path(config, name), study=config.study_id, party=name, synchronous=synchronous)
         ctx = client_ssl_context(config.ca_cert, party.cert, party.key)
         self.clients = [AggregatorClient(a, config.study_id, ctx) for a in config.aggregators]
-        # number -> (round id, what to send to each aggregator): the durable answers, replayed below.
-        self.answers: dict[int, tuple[RoundId, list[list[Message]]]] = {}
+        # number -> this site's answer to that round: the durable answers, replayed below.
+        self.answers: dict[int, _Answer] = {}
         self._replay()
         self._seen_public: set[int] = set()
         self._acked: set[tuple[int, int]] = set()
@@ -209,13 +304,21 @@ class SiteAgent:
             if entry.kind == "rng":
                 self.data.rng.bit_generator.state = json.loads(entry.body)
                 continue
+            if entry.kind == "answer" and entry.body[:1] == b"{":
+                record = json.loads(entry.body)
+                if record.get("format") != SPLIT_FORMAT:
+                    raise ConfigError(f"{self.store.path}: round {entry.number}: unknown answer format {record.get('format')!r}")
+                self.answers[entry.number] = _Answer(_round_of(record), "shares", None, record)
+                continue
             frames = unpack_frames(entry.body)
-            if entry.kind == "answer":
+            if entry.kind == "answer":  # written by an earlier version: the share vectors themselves
                 shares = [f for f in frames if isinstance(f, InputShare)]
-                self.answers[entry.number] = (shares[0].round_id, [[s] for s in sorted(shares, key=lambda s: s.aggregator)])
+                outputs = [[s] for s in sorted(shares, key=lambda s: s.aggregator)]
+                self.answers[entry.number] = _Answer(shares[0].round_id, "shares", outputs)  # type: ignore[arg-type]
             elif entry.kind in ("dprelease", "refusal"):
                 rid = frames[0].round_id
-                self.answers[entry.number] = (rid, [list(frames) for _ in range(n_aggs)])
+                kind = "dp release" if entry.kind == "dprelease" else "refusal"
+                self.answers[entry.number] = _Answer(rid, kind, [list(frames) for _ in range(n_aggs)])
 
     # -- the loop ----------------------------------------------------------------
 
@@ -288,17 +391,20 @@ class SiteAgent:
                 return
             number = entry.number
             cached = self.answers.get(number)
+            loop = asyncio.get_running_loop()
             if cached is None:
-                loop = asyncio.get_running_loop()
                 cached = await loop.run_in_executor(None, self._answer, message)
-            elif cached[0] != message.round_id:
+            elif cached.round_id != message.round_id:
                 log.warning("round %d offered for a second, different query; refused", number)
                 return
+            elif cached.outputs is None:  # logged before a restart: re-create the identical shares
+                cached = await loop.run_in_executor(None, self._recreate, message, cached)
         # The feed of `source` lists only rounds it has no answer of ours for, so send it ours again
         # even if it refused it before (it may not have had the query yet, e.g. after a restart).
-        self._push_all(number, cached[1], force=source)
+        assert cached.outputs is not None
+        self._push_all(number, cached.outputs, force=source)
 
-    def _answer(self, query: Query) -> tuple[RoundId, list[list[Message]]]:
+    def _answer(self, query: Query) -> _Answer:
         """Compute this site's answer to `query` once, and log it before anything is sent."""
         n_aggs = len(self.clients)
         rid = query.round_id
@@ -316,22 +422,63 @@ class SiteAgent:
                 rng = json.dumps(self.data.rng.bit_generator.state).encode()
                 # One transaction: the release and the noise state after it, so noise is never reused.
                 self.store.append_many([("dprelease", rid.number, body), ("rng", rid.number, rng)])
-                kind, out = "dp release", [[release] for _ in range(n_aggs)]
+                answer = _Answer(rid, "dp release", [[release] for _ in range(n_aggs)])
             else:
                 shares = self.site.answer(query)
-                self.store.append("answer", rid.number, b"".join(pack_frames(shares)))
-                kind, out = "shares", [[s] for s in shares]
+                record = split_record(shares)
+                # The split (seeds and digests), not the vectors: see the module docstring.
+                self.store.append("answer", rid.number, json.dumps(record, sort_keys=True).encode())
+                answer = _Answer(rid, "shares", [[s] for s in shares], record)
         except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
-            reply = _refusal_of(self.name, query, exc)
-            request = StatusRequest(rid)
-            self.store.append("refusal", rid.number, b"".join(pack_frames([request, reply])))
-            kind, out = "refusal", [[request, reply] for _ in range(n_aggs)]
-            log.warning("refused %s (%s): %s", rid, query.name, reply.text)
-        self.answers[rid.number] = (rid, out)
+            answer = self._refuse(query, _refusal_of(self.name, query, exc))
+        self.answers[rid.number] = answer
         if self.on_answer is not None:
-            self.on_answer(rid.number, kind)
-        log.info("answered %s (%s) with %s", rid, query.name, kind)
-        return rid, out
+            self.on_answer(rid.number, answer.kind)
+        log.info("answered %s (%s) with %s", rid, query.name, answer.kind)
+        return answer
+
+    def _refuse(self, query: Query, reply: ErrorReply) -> _Answer:
+        """Log a refusal of `query` (before it is sent) and return it as this site's answer."""
+        rid = query.round_id
+        request = StatusRequest(rid)
+        self.store.append("refusal", rid.number, b"".join(pack_frames([request, reply])))
+        log.warning("refused %s (%s): %s", rid, query.name, reply.text)
+        return _Answer(rid, "refusal", [[request, reply] for _ in range(len(self.clients))])
+
+    def _recreate(self, query: Query, logged: _Answer) -> _Answer:
+        """After a restart: the shares logged for `query`, re-created from the data and the logged seeds.
+
+        Sent only if they are identical to the logged split (same holder,
+        seeds, metadata and correction-vector digest). Otherwise the site
+        refuses the round, logged and reported to the analyst: the shares it
+        may already have sent came from other data, and a new split would
+        silently corrupt the total.
+        """
+        rid = query.round_id
+        record = logged.split
+        assert record is not None
+        try:
+            seeds = {int(j): bytes.fromhex(seed) for j, seed in record["seeds"].items()}
+            shares = self.site.answer(query, seeds=seeds)
+            problem = split_mismatch(record, shares)
+        except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
+            shares, problem = [], f"re-running the query failed: {type(exc).__name__}: {exc}"
+        if problem is None:
+            answer = _Answer(rid, "shares", [[s] for s in sorted(shares, key=lambda s: s.aggregator)], record)
+            log.info("re-created the logged shares of %s (%s) from the data and the logged seeds", rid, query.name)
+        else:
+            text = (
+                f"site {self.name!r}: cannot re-send its shares of round {rid.number} ({query.name}, {rid}) "
+                f"after a restart: {problem}. Its data or the "
+                "public values it uses changed since it answered; sending different shares would silently "
+                "corrupt the total, so it refuses this round"
+            )
+            log.error("%s", text)
+            answer = self._refuse(query, ErrorReply("SiteQueryError", text))
+        self.answers[rid.number] = answer
+        if self.on_answer is not None:
+            self.on_answer(rid.number, answer.kind if problem is None else "refusal")
+        return answer
 
     def _check_policy(self, query: Query) -> None:
         params = query.params

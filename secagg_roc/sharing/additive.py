@@ -10,6 +10,8 @@ seeds instead of N vectors.
 
 from __future__ import annotations
 
+from typing import Mapping
+
 import numpy as np
 
 from .. import prg
@@ -50,13 +52,31 @@ class AdditiveSharing(SharingScheme):
         return payloads
 
     def share(
-        self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None
+        self,
+        x: np.ndarray,
+        codec: FixedPoint,
+        *,
+        holder: int = 0,
+        out: np.ndarray | None = None,
+        seeds: Mapping[int, bytes] | None = None,
     ) -> list[Payload]:
         """Run by a Site: like `split(codec.encode(x))`, but each block is masked with
-        every seed's keystream right after it is encoded, while it is in cache."""
+        every seed's keystream right after it is encoded, while it is in cache.
+
+        The seeds are fresh from the operating system unless `seeds` (aggregator
+        index -> seed, for every index but `holder`) is given. That exists for
+        one use only: a restarted site re-creating, bit for bit, the split it
+        logged before sending (the same seeds over the same `x` give the same
+        shares). Never pass seeds that were used for other data."""
         if not 0 <= holder < self.n_aggregators:
             raise ValueError(f"holder must be in 0..{self.n_aggregators - 1}")
-        seeds = {j: prg.new_seed() for j in range(self.n_aggregators) if j != holder}
+        if seeds is None:
+            seeds = {j: prg.new_seed() for j in range(self.n_aggregators) if j != holder}
+        else:
+            want = set(range(self.n_aggregators)) - {holder}
+            if set(seeds) != want:
+                raise ValueError(f"seeds must be given for aggregators {sorted(want)} exactly, got {sorted(seeds)}")
+            seeds = {j: bytes(seeds[j]) for j in sorted(want)}  # Keystream checks each seed's length
         streams = [prg.Keystream(s) for s in seeds.values()]
 
         def mask(block: np.ndarray) -> None:

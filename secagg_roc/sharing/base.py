@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -45,11 +46,20 @@ class SharingScheme(abc.ABC):
         """Validate the number of aggregators this scheme runs with."""
 
     def share(
-        self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None
+        self,
+        x: np.ndarray,
+        codec: FixedPoint,
+        *,
+        holder: int = 0,
+        out: np.ndarray | None = None,
+        seeds: Mapping[int, bytes] | None = None,
     ) -> list[Payload]:
         """Run by a Site: encode `x` with `codec` (into `out` if given) and split it.
 
-        Schemes may fuse the two steps."""
+        Schemes may fuse the two steps. `seeds` re-creates an earlier split
+        exactly (only schemes with `accepts_seeds`; see `AdditiveSharing.share`)."""
+        if seeds is not None:
+            raise ValueError(f"sharing scheme {self.name!r} does not split with given seeds")
         return self.split(codec.encode(x, out=out), holder=holder)
 
     @abc.abstractmethod
