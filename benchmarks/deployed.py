@@ -6,8 +6,9 @@
 1. Secure sum: K site-agent processes each hold one float vector of length d;
    the analyst (this process) runs `RemoteStudy.aggregate("sum")` through two
    aggregator processes. Printed: the median wall time of one round as the
-   analyst sees it (query out, sites encode, split, log and push their shares,
-   aggregators log every share durably, agree, sum, release; the analyst
+   analyst sees it (query out, sites encode, split, log their split (seeds and
+   digests) and push their shares, aggregators log every share durably (large
+   ones in fsync'd side files), agree, sum, release; the analyst
    combines and decodes), against the plain numpy sum of the same K vectors
    (``acc += v``) in the same run, and their ratio. Target: ratio <= 30 at
    K=10, d=1e6.

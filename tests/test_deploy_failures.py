@@ -122,8 +122,15 @@ def answers(cluster: LocalCluster, site: str, number: int) -> int:
         return db.execute("SELECT count(*) FROM log WHERE kind = 'answer' AND number = ?", (number,)).fetchone()[0]
 
 
+def logged_answer(cluster: LocalCluster, site: str, number: int) -> bytes:
+    path = cluster.folder / "state" / f"{site}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return bytes(db.execute("SELECT body FROM log WHERE kind = 'answer' AND number = ?", (number,)).fetchone()[0])
+
+
 def test_kill_9_a_site_agent_between_its_two_shares(cluster) -> None:
-    """A restarted site re-sends the shares it logged; new random shares would give a wrong total."""
+    """A restarted site re-sends the shares whose split it logged (re-created from its data with the
+    logged seeds and checked against the logged digests); new random shares would give a wrong total."""
     ensure_running(cluster, "agg-1", "agg-2", *SIZES)
     with cluster.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
         # (a new client asks every aggregator for the next free round number, so it starts first)
@@ -139,6 +146,12 @@ def test_kill_9_a_site_agent_between_its_two_shares(cluster) -> None:
         total = future.result(timeout=60)
     np.testing.assert_array_equal(total["sum"], expected(cluster, list(SIZES), "k"))  # exact: integers
     assert answers(cluster, "site-a", number) == 1  # computed once, sent twice
+    # What was logged is the split (seeds, digests), and the restarted agent re-created the shares from
+    # its data with those seeds, checked them against the digests, and sent them (the exact total above).
+    record = json.loads(logged_answer(cluster, "site-a", number))
+    assert record["format"] == "split-v1" and record["round"][1] == number and "correction_sha256" in record
+    log_text = (cluster.folder / "logs" / "site-a.log").read_text()
+    assert f"re-created the logged shares of loopback/round-{number}/" in log_text
 
 
 def test_rounds_close_without_silent_sites_while_min_sites_and_q_hold(cluster) -> None:

@@ -23,7 +23,7 @@ from secagg_roc import Study
 from secagg_roc.cli import build_parser, main
 from secagg_roc.deploy import pki
 from secagg_roc.deploy.config import loopback_study
-from secagg_roc.deploy.http import AggregatorClient, RequestTooLarge, TransportError, unpack_frames
+from secagg_roc.deploy.http import AggregatorClient, RequestTooLarge, TransportError
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.site_agent import load_site_data
 from secagg_roc.deploy.tls import AuthError, client_ssl_context
@@ -225,6 +225,55 @@ def test_a_client_checks_it_talks_to_the_right_aggregator(cluster) -> None:
         asyncio.run(go())
 
 
+def test_the_bulk_upload_path_checks_the_aggregator_first_and_maps_errors(cluster, study, monkeypatch, tmp_path) -> None:
+    """Large bodies go over a blocking TLS socket in a thread: same identity check before any byte,
+    same error classes, kept-alive connections (here every body is 'large')."""
+    import dataclasses
+
+    from secagg_roc.deploy import http as http_module
+
+    monkeypatch.setattr(http_module, "BULK_BYTES", 1)
+    config = cluster.config
+    a = config.analyst
+    ctx = client_ssl_context(config.ca_cert, a.cert, a.key)
+    before = snapshot(cluster)
+    impostor = dataclasses.replace(config.aggregators[0], port=config.aggregators[1].port)
+    opening = _query(cluster, before[1]["next_number"] + 5)  # would open a round at agg-2 if it got through
+
+    async def to_impostor() -> None:
+        client = AggregatorClient(impostor, config.study_id, ctx)
+        try:
+            await client.send(opening)
+        finally:
+            await client.close()
+
+    with pytest.raises(AuthError, match="is not aggregator 'agg-1'"):
+        asyncio.run(to_impostor())
+    assert snapshot(cluster) == before  # not a byte of the query reached agg-2
+
+    study.aggregate("sum", {"array": "y"})
+    rid = _query(cluster, study.history[-1][1]).round_id
+
+    async def twice(c: AggregatorClient):
+        first = await c.send(StatusRequest(rid))
+        second = await c.send(StatusRequest(rid))
+        return first, second, len(c._bulk_idle)
+
+    first, second, idle = call(cluster, "analyst", 0, twice)
+    assert first == second and first.released and idle == 1  # one connection, kept alive and reused
+    share = _captured(cluster, "site-a", rid.number, {"array": "y"})[0]  # a real share, replayed
+    with pytest.raises(RoundError, match="is closed"):
+        call(cluster, "site-a", 0, lambda c: c.send(share))
+    # A client that trusts only another CA refuses the aggregator before sending anything.
+    other = loopback_study(tmp_path / "other", cluster.site_names, 2, [1, 2], study_id=config.study_id)
+    pki.create_study_keys(other)
+    foreign = client_ssl_context(other.ca_cert, other.analyst.cert, other.analyst.key)
+    with pytest.raises(AuthError, match="certificate not accepted"):
+        call(cluster, "", 1, lambda c: c.send(opening), ctx=foreign)
+    after = snapshot(cluster)
+    assert after[1]["next_number"] == after[0]["next_number"] <= opening.round_id.number  # never opened
+
+
 # --------------------------------------------------------------------------- malformed, oversized, replayed
 
 
@@ -259,18 +308,31 @@ def test_malformed_and_oversized_requests_are_refused_and_change_nothing(cluster
     assert snapshot(cluster) == before
 
 
-def _captured(cluster: LocalCluster, site: str, number: int) -> list[InputShare]:
-    """The shares `site` sent in round `number`, read from its own database (what a wiretap would see)."""
+def _captured(cluster: LocalCluster, site: str, number: int, params: dict) -> list[InputShare]:
+    """The shares `site` sent in round `number` (what a wiretap would see): re-created from its data and
+    the split its database logged (seeds and digests), exactly as a restarted site agent does."""
+    from secagg_roc.deploy.site_agent import split_mismatch
+    from secagg_roc.queries import SiteData
+    from secagg_roc.sharing import make_scheme
+    from secagg_roc.site import Site
+
     path = cluster.folder / "state" / f"{site}.sqlite"
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
         (body,) = db.execute("SELECT body FROM log WHERE kind = 'answer' AND number = ?", (number,)).fetchone()
-    return unpack_frames(body)
+    record = json.loads(body)
+    config = cluster.config
+    party = config.party(site)
+    me = Site(SiteData(site, load_site_data(party.data, party.columns)), config.study_id,
+              make_scheme("additive", len(config.aggregators)), tuple(s.name for s in config.sites))
+    shares = me.answer(_query(cluster, number, params), seeds={int(j): bytes.fromhex(v) for j, v in record["seeds"].items()})
+    assert split_mismatch(record, shares) is None
+    return shares
 
 
 def test_replayed_and_redirected_shares_are_refused(cluster, study) -> None:
     total = study.aggregate("sum", {"array": "score"})
     number = study.history[-1][1]
-    shares = _captured(cluster, "site-a", number)
+    shares = _captured(cluster, "site-a", number, {"array": "score"})
     before = snapshot(cluster)
     with pytest.raises(RoundError, match="is closed"):
         call(cluster, "site-a", 0, lambda c: c.send(shares[0]))

@@ -314,3 +314,174 @@ def test_npz_site_data(tmp_path: Path) -> None:
     np.testing.assert_array_equal(out["x"], np.arange(6.0).reshape(1, 6))
     with pytest.raises(ConfigError, match="no array 'w'"):
         load_site_data(tmp_path / "d.npz", {"x": "w"})
+
+
+# --------------------------------------------------------------------------- a site agent's log of its splits
+
+
+def test_additive_split_with_given_seeds_is_reproducible_and_checked() -> None:
+    """`seeds=` re-creates a split exactly; the default stays fresh OS randomness; bad seeds are refused."""
+    from secagg_roc.ring import FixedPoint
+
+    scheme, codec = make_scheme("additive", 3), FixedPoint(32, max_sites=3)
+    x = np.random.default_rng(2).normal(size=1000)
+    first = scheme.share(x, codec, holder=1)
+    again = scheme.share(x, codec, holder=1, seeds={0: first[0].seed, 2: first[2].seed})
+    assert [p.seed for p in again] == [p.seed for p in first]
+    np.testing.assert_array_equal(again[1].vector, first[1].vector)
+    fresh = scheme.share(x, codec, holder=1)
+    assert fresh[0].seed != first[0].seed and fresh[2].seed != first[2].seed
+    with pytest.raises(ValueError, match="seeds must be given for aggregators"):
+        scheme.share(x, codec, holder=1, seeds={0: first[0].seed})
+    with pytest.raises(ValueError, match="16 bytes"):
+        scheme.share(x, codec, holder=1, seeds={0: b"short", 2: first[2].seed})
+    with pytest.raises(ValueError, match="does not split with given seeds"):
+        make_scheme("plaintext", 1).share(x, codec, seeds={})
+
+
+@pytest.fixture()
+def site_study(tmp_path: Path):
+    from secagg_roc.deploy.pki import create_study_keys
+
+    rng = np.random.default_rng(11)
+    files, cols = {}, {}
+    for s in SITES:
+        cols = write_site_csv(tmp_path / "data" / f"{s}.csv", {"x": rng.normal(size=(6, 3)).round(4), "k": rng.integers(0, 9, 6)})
+        files[s] = f"data/{s}.csv"
+    cfg = loopback_study(tmp_path, SITES, 2, [19111, 19112], files, columns=cols, study_id=STUDY, privacy_level=2)
+    create_study_keys(cfg)
+    return cfg
+
+
+def logged(path: Path, kind: str, number: int) -> list[bytes]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return [bytes(b) for (b,) in db.execute("SELECT body FROM log WHERE kind = ? AND number = ? ORDER BY seq", (kind, number))]
+
+
+def test_a_site_logs_its_split_and_re_creates_identical_shares(site_study, tmp_path: Path) -> None:
+    from secagg_roc.deploy.site_agent import SiteAgent
+
+    state = tmp_path / "state" / "site-b.sqlite"
+    query = make_query(4)
+    agent = SiteAgent(site_study, "site-b", state_path=state)
+    answer = agent._answer(query)
+    shares = [m[0] for m in answer.outputs]
+    agent.store.close()
+    (body,) = logged(state, "answer", 4)
+    record = json.loads(body)
+    assert len(body) < 1000 and record["format"] == "split-v1"  # seeds and digests, not an 8-byte-per-entry vector
+    assert record["holder"] == 1 and set(record["seeds"]) == {"0"}  # site-b is the second site: agg-2 holds
+
+    again = SiteAgent(site_study, "site-b", state_path=state)  # a restart on the same database
+    assert again.answers[4].outputs is None  # nothing but the split is in memory after the replay
+    redone = again._recreate(query, again.answers[4])
+    assert redone.kind == "shares"
+    for a, b in zip(shares, [m[0] for m in redone.outputs]):
+        assert a == b  # round, site, aggregator, encoding, records, layout and seed
+        if a.vector is not None:
+            np.testing.assert_array_equal(a.vector, b.vector)
+    again.store.close()
+    assert logged(state, "answer", 4) == [body] and not logged(state, "refusal", 4)  # computed once
+
+
+def test_a_restarted_site_whose_data_changed_refuses_instead_of_sending_other_shares(site_study, tmp_path: Path) -> None:
+    from secagg_roc.deploy.site_agent import SiteAgent
+
+    state = tmp_path / "state" / "site-a.sqlite"
+    query = make_query(7)
+    agent = SiteAgent(site_study, "site-a", state_path=state)
+    agent._answer(query)
+    agent.store.close()
+    csv_path = tmp_path / "data" / "site-a.csv"
+    lines = csv_path.read_text().splitlines()
+    head, row = lines[0].split(","), lines[1].split(",")
+    row[head.index("x_0")] = repr(float(row[head.index("x_0")]) + 1.0)  # one value changed
+    csv_path.write_text("\n".join([lines[0], ",".join(row), *lines[2:]]) + "\n")
+
+    again = SiteAgent(site_study, "site-a", state_path=state)
+    refused = again._recreate(query, again.answers[7])
+    assert refused.kind == "refusal"
+    request, reply = refused.outputs[0]
+    assert isinstance(request, StatusRequest) and request.round_id == query.round_id
+    assert reply.code == "SiteQueryError" and "site 'site-a'" in reply.text and "round 7" in reply.text
+    assert "share vector" in reply.text and "corrupt the total" in reply.text
+    assert all(m == refused.outputs[0] for m in refused.outputs)  # every aggregator hears the refusal
+    again.store.close()
+    assert len(logged(state, "refusal", 7)) == 1
+    # the refusal is final: after another restart the round is refused, never answered with other shares
+    third = SiteAgent(site_study, "site-a", state_path=state)
+    assert third.answers[7].kind == "refusal" and third.answers[7].outputs[0][1].text == reply.text
+    third.store.close()
+
+
+# --------------------------------------------------------------------------- large bodies in side files
+
+
+def test_large_bodies_go_to_owner_only_side_files_and_replay_identically(config, tmp_path: Path, monkeypatch) -> None:
+    """With every share body in a side file, a restart still reproduces the identical release."""
+    from secagg_roc.deploy import store as store_module
+
+    monkeypatch.setattr(store_module, "SIDE_BYTES", 100)  # the tiny test shares are "large"
+    aggs = pair(config, tmp_path)
+    q = make_query(0)
+    for a in aggs:
+        a.apply("query", q)
+    for s in ("site-a", "site-b"):
+        for share in site_shares(q, s):
+            aggs[share.aggregator].apply("share", share)
+    assert all(len(sh.encode()) >= 100 for sh in site_shares(q, "site-c"))  # seed and vector shares alike
+    aggs = [a.restart() for a in aggs]
+    shares = [a.apply("close", CloseRound(q.round_id, ("site-a", "site-b"))).reply for a in aggs]
+    total = combine(shares, make_scheme("additive", 2))
+    np.testing.assert_allclose(total.values["sum"], DATA["site-a"].sum(0) + DATA["site-b"].sum(0))
+    again = [a.restart() for a in aggs]
+    for a, before in zip(again, shares):
+        np.testing.assert_array_equal(a.state.core.rounds[0].released.vector, before.vector)
+        a.store.close()
+
+    blobs = tmp_path / "agg-1.sqlite.blobs"
+    files = sorted(blobs.iterdir())
+    assert files and stat.S_IMODE(blobs.stat().st_mode) == 0o700
+    assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
+    with sqlite3.connect(tmp_path / "agg-1.sqlite") as db:
+        rows = db.execute("SELECT length(body), file, size FROM log WHERE file != ''").fetchall()
+    assert len(rows) >= 2 and len(rows) == len(files)  # at least agg-1's two shares
+    assert all(n == 0 and size >= 100 for n, _, size in rows)  # no blob in SQLite
+
+
+def test_side_files_orphans_damage_and_schema_upgrade(tmp_path: Path, monkeypatch) -> None:
+    from secagg_roc.deploy import store as store_module
+
+    monkeypatch.setattr(store_module, "SIDE_BYTES", 10)
+    path = tmp_path / "s.sqlite"
+    with Store(path, study=STUDY, party="agg-1") as store:
+        store.append_many([("a", 1, b"small"), ("b", 2, b"x" * 50)])
+        assert [(e.kind, e.body) for e in store.entries()] == [("a", b"small"), ("b", b"x" * 50)]
+    blobs = tmp_path / "s.sqlite.blobs"
+    (blobs / "leftover.blob.tmp").write_bytes(b"written before a crash, never committed")
+    (blobs / "ffff.blob").write_bytes(b"not named by any row")
+    with Store(path, study=STUDY, party="agg-1") as store:
+        assert len(list(blobs.iterdir())) == 1  # only the committed entry's file is left
+        assert [e.body for e in store.entries()] == [b"small", b"x" * 50]
+    (only,) = blobs.iterdir()
+    only.write_bytes(b"x" * 49)  # a damaged side file is reported, never replayed as something else
+    with Store(path, study=STUDY, party="agg-1") as store:
+        with pytest.raises(ConfigError, match="log entry 2: side file .* has 49 bytes, not 50"):
+            list(store.entries())
+
+    old = tmp_path / "v1.sqlite"  # a database written by schema 1 (no side files) is upgraded in place
+    with sqlite3.connect(old) as db:
+        db.executescript(
+            "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+            "CREATE TABLE log (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL, number INTEGER NOT NULL,"
+            " party TEXT NOT NULL DEFAULT '', at REAL NOT NULL, body BLOB NOT NULL);"
+            "INSERT INTO meta VALUES ('schema', '1'), ('study', 'state-test'), ('party', 'agg-1');"
+            "INSERT INTO log(kind, number, party, at, body) VALUES ('a', 1, '', 1.0, x'0102');"
+        )
+    with pytest.raises(ConfigError, match="belongs to party 'agg-1'"):
+        Store(old, study=STUDY, party="agg-2")
+    with Store(old, study=STUDY, party="agg-1") as store:
+        store.append("b", 2, b"y" * 20)
+        assert [e.body for e in store.entries()] == [b"\x01\x02", b"y" * 20]
+    with sqlite3.connect(old) as db:
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "2"
