@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .buffers import BufferPool
 from .errors import CombineError
 from .messages import AggregateShare, RoundStatus
 from .sharing import SharingScheme
@@ -29,8 +30,11 @@ def agree_contributors(statuses: list[RoundStatus]) -> tuple[str, ...]:
     return tuple(sorted(common))
 
 
-def combine(shares: list[AggregateShare], scheme: SharingScheme) -> Combined:
-    """Check that `shares` belong together, add them, decode and unflatten the total."""
+def combine(shares: list[AggregateShare], scheme: SharingScheme, buffers: BufferPool | None = None) -> Combined:
+    """Check that `shares` belong together, add them, decode and unflatten the total.
+
+    With `buffers`, the ring total is summed in a recycled vector (the decoded
+    result is always a fresh array: it belongs to the caller)."""
     if len(shares) != scheme.n_aggregators:
         raise CombineError(f"need one aggregate share from each of {scheme.n_aggregators} aggregators, got {len(shares)}")
     indices = sorted(s.aggregator for s in shares)
@@ -46,6 +50,9 @@ def combine(shares: list[AggregateShare], scheme: SharingScheme) -> Combined:
                 )
         if s.vector.shape != first.vector.shape:
             raise CombineError("aggregate shares have different lengths")
-    total = scheme.combine([s.vector for s in sorted(shares, key=lambda s: s.aggregator)])
-    decoded = first.encoding.decode(total, in_place=True)  # `total` is ours: no second array
+    out = None if buffers is None else buffers.take(first.vector.size)
+    total = scheme.combine([s.vector for s in sorted(shares, key=lambda s: s.aggregator)], out=out)
+    decoded = first.encoding.decode(total)
+    if buffers is not None:
+        buffers.give(total)
     return Combined(unflatten(first.layout, decoded), first.records, first.contributors)

@@ -189,7 +189,7 @@ class LocalFederation:
         statuses = [self._exchange(agg, StatusRequest(query.round_id)) for agg in self.aggregators]
         contributors = agree_contributors(statuses)
         shares = [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self.aggregators]
-        return combine(shares, self.scheme)
+        return combine(shares, self.scheme, self.buffers)
 
     def _exchange(self, agg: Aggregator, message: Message) -> Any:
         """Analyst -> aggregator request, and its reply back to the analyst."""

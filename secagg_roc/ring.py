@@ -41,17 +41,12 @@ class Encoding:
         if self.integer and self.frac_bits != 0:
             raise EncodingError("an integer encoding has frac_bits = 0")
 
-    def decode(self, values: np.ndarray, *, in_place: bool = False) -> np.ndarray:
-        """Ring values (uint64) -> int64 for integer encodings, float64 otherwise.
-
-        With ``in_place=True`` the result reuses the memory of `values` (same item
-        size), which the caller then must not use as ring values any more.
-        """
+    def decode(self, values: np.ndarray) -> np.ndarray:
+        """Ring values (uint64) -> a new int64 array for integer encodings, float64 otherwise."""
         signed = np.asarray(values, dtype=np.uint64).view(np.int64)
         if self.integer:
-            return signed if in_place else signed.copy()
-        out = signed.view(np.float64) if in_place else None
-        return np.multiply(signed, 2.0 ** -self.frac_bits, out=out)
+            return signed.copy()
+        return np.multiply(signed, 2.0 ** -self.frac_bits)
 
 
 INTEGER = Encoding(0, True)

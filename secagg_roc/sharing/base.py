@@ -70,13 +70,15 @@ class SharingScheme(abc.ABC):
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: acc += the vector this payload stands for (mod 2^64)."""
 
-    def combine(self, aggregate_vectors: list[np.ndarray]) -> np.ndarray:
-        """Run by the Analyst: the total from every aggregator's sum (mod 2^64)."""
+    def combine(self, aggregate_vectors: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Run by the Analyst: the total from every aggregator's sum (mod 2^64), into `out` if given."""
         if len(aggregate_vectors) != self.n_aggregators:
             raise ValueError(f"need {self.n_aggregators} aggregate shares, got {len(aggregate_vectors)}")
+        total = np.empty_like(aggregate_vectors[0]) if out is None else out
         if len(aggregate_vectors) == 1:
-            return np.array(aggregate_vectors[0], dtype=np.uint64, copy=True)
-        total = np.add(aggregate_vectors[0], aggregate_vectors[1])  # one pass, one fresh array
+            np.copyto(total, aggregate_vectors[0])
+            return total
+        np.add(aggregate_vectors[0], aggregate_vectors[1], out=total)
         for v in aggregate_vectors[2:]:
             np.add(total, v, out=total)
         return total
