@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .errors import SiteQueryError
-from .queries import SiteData, canonical_params, lookup
+from .queries import SiteData, lookup
 
 
 class Totals(dict):

@@ -1,11 +1,9 @@
 """The round state machine: a stateful hypothesis test and every refusal, with state unchanged."""
 
-import copy
 import json
 
 import numpy as np
 import pytest
-from hypothesis import assume
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 

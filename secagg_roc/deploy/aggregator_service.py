@@ -655,20 +655,40 @@ def _float_param(request: web.Request, key: str, default: float) -> float:
     return value
 
 
-def stop_when_stdin_closes(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
-    """Set `stop` once standard input reaches end of file (its parent died or closed the pipe)."""
+def stop_event(*, stop_on_eof: bool) -> asyncio.Event:
+    """An event set by SIGINT, SIGTERM or (with `stop_on_eof`) EOF on stdin: how every party process stops.
+
+    EOF on stdin matters when a parent (the local cluster) started the process
+    with a pipe: if the parent dies, even by SIGKILL, the pipe closes and no
+    aggregator or site agent is left behind.
+    """
     import sys
     import threading
 
-    def watch() -> None:
-        try:
-            while sys.stdin.buffer.read(4096):
-                pass
-        except (OSError, ValueError):
-            pass
-        loop.call_soon_threadsafe(stop.set)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    if stop_on_eof:
 
-    threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
+        def watch() -> None:
+            try:
+                while sys.stdin.buffer.read(4096):
+                    pass
+            except (OSError, ValueError):
+                pass
+            loop.call_soon_threadsafe(stop.set)
+
+        threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
+    return stop
+
+
+def announce(message: str, ready: Callable[[str], None] | None) -> None:
+    """Tell the starter that the party is serving (or log it)."""
+    if ready is not None:
+        ready(message)
+    else:
+        log.info(message)
 
 
 def run_aggregator(
@@ -686,20 +706,12 @@ def run_aggregator(
     async def main() -> None:
         service = AggregatorService(config, name, synchronous=synchronous)
         url = await service.start()
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if stop_on_eof:
-            stop_when_stdin_closes(loop, stop)
-        msg = (
+        stop = stop_event(stop_on_eof=stop_on_eof)
+        announce(
             f"aggregator {name!r} of study {config.study_id!r} listening on {url} "
-            f"({service.replayed} logged entries replayed from {service.agg_config.database})"
+            f"({service.replayed} logged entries replayed from {service.agg_config.database})",
+            ready,
         )
-        if ready is not None:
-            ready(msg)
-        else:
-            log.info(msg)
         await stop.wait()
         await service.stop()
 

@@ -41,7 +41,6 @@ import hashlib
 import json
 import logging
 import os
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -54,7 +53,7 @@ from ..queries import SiteData, lookup
 from ..sharing import make_scheme
 from ..site import Site
 from ..study import site_noise_rng
-from .aggregator_service import SCHEME, stop_when_stdin_closes
+from .aggregator_service import SCHEME, announce, stop_event
 from .config import SiteConfig, StudyConfig, load_study
 from .http import AggregatorClient, FeedEntry, ServiceError, TransportError, pack_frames, unpack_frames
 from .store import Store
@@ -548,21 +547,13 @@ def run_site(
         agent = SiteAgent(
             config, name, seed=seed, state_path=state_path, allow_non_private=allow_non_private, synchronous=synchronous
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        if stop_on_eof:
-            stop_when_stdin_closes(loop, stop)
+        stop = stop_event(stop_on_eof=stop_on_eof)
         n = {k: int(v.size if v.ndim == 1 else v.shape[0]) for k, v in agent.data.arrays.items()}
-        msg = (
+        announce(
             f"site {name!r} of study {config.study_id!r}: {max(n.values(), default=0)} records from "
-            f"{agent.party.data}; following {len(agent.clients)} aggregators (outbound only)"
+            f"{agent.party.data}; following {len(agent.clients)} aggregators (outbound only)",
+            ready,
         )
-        if ready is not None:
-            ready(msg)
-        else:
-            log.info(msg)
         await agent.run(stop)
 
     asyncio.run(main())
