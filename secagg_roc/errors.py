@@ -13,7 +13,15 @@ class SecAggError(Exception):
 
 
 class EncodingError(SecAggError, ValueError):
-    """A value cannot be encoded in the ring (NaN, infinity, or it could wrap when summed)."""
+    """A value cannot be encoded in the ring (NaN, infinity, or it could wrap when summed).
+
+    The message names the offending value, for the party that holds it; `public`
+    says the same without the value, for texts that leave a site.
+    """
+
+    def __init__(self, message: str, public: str | None = None):
+        super().__init__(message)
+        self.public = public or message
 
 
 class MessageError(SecAggError, ValueError):

@@ -124,11 +124,12 @@ class FixedPoint:
             lo, hi = int(x.min()), int(x.max())
             if lo < -self.max_int or hi > self.max_int:
                 bad = lo if lo < -self.max_int else hi
-                raise EncodingError(
-                    f"integer {bad} could wrap the ring when {self.max_sites} values are summed: "
+                rule = (
+                    f"could wrap the ring when {self.max_sites} values are summed: "
                     f"|value| must be <= {self.max_int} (about 2^63 / max_sites); "
                     "declare fewer max_sites or split the value"
                 )
+                raise EncodingError(f"integer {bad} {rule}", f"an integer {rule}")
         np.copyto(out.view(np.int64), x, casting="unsafe")
 
     def _encode_float(self, x: np.ndarray, out: np.ndarray, on_chunk: Callable[[np.ndarray], None] | None) -> None:
@@ -166,9 +167,11 @@ class FixedPoint:
         if np.isnan(bad):
             raise EncodingError("cannot encode NaN: every value must be a finite number")
         if np.isinf(bad):
-            raise EncodingError(f"cannot encode {bad}: every value must be a finite number")
-        raise EncodingError(
-            f"value {bad!r} could wrap the ring when {self.max_sites} values are summed: "
+            raise EncodingError(f"cannot encode {bad}: every value must be a finite number",
+                                "cannot encode an infinite value: every value must be a finite number")
+        rule = (
+            f"could wrap the ring when {self.max_sites} values are summed: "
             f"|value| must be <= {self.max_float:.6g} at frac_bits={self.frac_bits}; "
             "use fewer fractional bits, rescale the value, or declare a smaller max_sites"
         )
+        raise EncodingError(f"value {bad!r} {rule}", f"a value {rule}")

@@ -12,7 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
-from .errors import MessageError, SiteQueryError
+from .errors import EncodingError, MessageError, SiteQueryError
 from .messages import DPRelease, InputShare, Layout, PublicValue, Query, check_name
 from .aggregator import NOT_COUNTED
 from .buffers import BufferPool
@@ -106,6 +106,9 @@ class Site:
         try:
             out = None if self.buffers is None else self.buffers.take(flat.size)
             payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds)
+        except EncodingError as exc:
+            # The text travels to the analyst: it names the problem, never the site's value.
+            raise EncodingError(f"site {self.name!r}, query {query.name!r}: {exc.public}") from None
         except ValueError as exc:
             raise type(exc)(f"site {self.name!r}, query {query.name!r}: {exc}") from None
         count = NOT_COUNTED if records is None else int(records)

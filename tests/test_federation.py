@@ -167,3 +167,15 @@ def test_buffer_pool_only_keeps_vectors_it_may_reuse():
     pool.give(owned)
     pool.give(np.ones(4, np.uint64))  # over the per-length limit: dropped
     assert pool.take(4) is owned and pool.zeros(4).tolist() == [0, 0, 0, 0]
+
+
+def test_a_site_error_never_carries_the_site_value():
+    fed = sr.LocalFederation(["a", "b"])
+    secret = 98765432109.5
+    with pytest.raises(sr.EncodingError) as err:
+        fed.secure_sum({"a": np.ones(2), "b": np.array([1.0, secret])})
+    assert "site 'b'" in str(err.value) and "wrap" in str(err.value)
+    assert "98765432109" not in str(err.value)
+    with pytest.raises(sr.EncodingError) as err:
+        sr.FixedPoint(max_sites=2).encode(np.array([secret]))
+    assert "98765432109" in str(err.value) and "98765432109" not in err.value.public  # the holder sees it
