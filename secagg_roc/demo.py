@@ -21,7 +21,7 @@ import numpy as np
 
 from . import pooled
 from .datasets import load_gbsg2
-from .dp.sensitivity import l2_sensitivity, recommended_privacy
+from .dp.sensitivity import l2_sensitivity
 from .stats import brier_score, calibration_curve, fit_glm, roc_glm
 from .study import Study
 
@@ -134,7 +134,7 @@ def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str,
         analysis_start = time.perf_counter()
         sens, roc, brier, calib, caught = validate(Study.local(sites, privacy_level=PRIVACY_LEVEL, seed=seed))
         analysis_seconds = time.perf_counter() - analysis_start
-    eps, delta = recommended_privacy(sens.value)
+    eps, delta = roc.privacy["epsilon"], roc.privacy["delta"]  # what roc_glm chose from the sensitivity
     test_h0 = roc.test(A0)
 
     y_test = y[test]

@@ -47,3 +47,15 @@ def test_run_demo_writes_report_and_plots(tmp_path):
     text = report["text"]
     for piece in ("l2-sensitivity", "(epsilon, delta)", "Binormal form: pnorm(", "AUC and 0.95 CI", "Brier", "dropped"):
         assert piece in text
+    assert "site processes on 127.0.0.1" in report["deployment"]["parties"]
+
+
+def test_deployed_and_embedded_demo_agree(tmp_path):
+    """The same seed gives the same numbers whether the parties are processes or objects."""
+    deployed = run_demo(tmp_path / "deployed", seed=3)
+    embedded = run_demo(tmp_path / "embedded", seed=3, deployed=False)
+    assert embedded["deployment"]["parties"].startswith("embedded")
+    for key in ("auc", "params", "ci"):
+        assert deployed["roc_glm"][key] == embedded["roc_glm"][key]
+    assert deployed["brier"] == embedded["brier"]
+    assert deployed["calibration"]["released"] == embedded["calibration"]["released"]
