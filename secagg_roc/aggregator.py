@@ -173,9 +173,11 @@ class Round:
                 f"q={self.policy.privacy_level}"
             )
         n = shares[0].length
-        acc = np.zeros(n, dtype=np.uint64) if self.buffers is None else self.buffers.zeros(n)
-        for s in shares:
-            self.scheme.accumulate(acc, Payload(seed=s.seed, vector=s.vector))
+        acc = np.empty(n, dtype=np.uint64) if self.buffers is None else self.buffers.take(n)
+        payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
+        self.scheme.materialize(acc, payloads[0])
+        for p in payloads[1:]:
+            self.scheme.accumulate(acc, p)
         self.released = AggregateShare(
             self.round_id, self.index, agreed, records, shares[0].encoding, shares[0].layout, acc
         )

@@ -28,12 +28,6 @@ class BufferPool:
         free = self._free.get(n)
         return free.pop() if free else np.empty(n, dtype=np.uint64)
 
-    def zeros(self, n: int) -> np.ndarray:
-        """A zeroed uint64 vector of length `n`."""
-        out = self.take(n)
-        out.fill(0)
-        return out
-
     def give(self, vector: np.ndarray | None) -> None:
         """Return a vector nobody reads any more; vectors not made by numpy here are ignored."""
         if (

@@ -76,7 +76,11 @@ class LocalFederation:
         # round, so vectors are recycled instead of faulting in fresh memory each round.
         self.buffers = BufferPool() if not (transcripts or wire) else None
         self.aggregators = [
-            Aggregator(self.study_id, j, self.policy, self.scheme, max_open_rounds=max_open_rounds, buffers=self.buffers)
+            # retain_released=1: the in-process analyst never asks for a release again.
+            Aggregator(
+                self.study_id, j, self.policy, self.scheme,
+                max_open_rounds=max_open_rounds, retain_released=1, buffers=self.buffers,
+            )
             for j in range(self.scheme.n_aggregators)
         ]
         clash = {ANALYST, *(a.name for a in self.aggregators)} & set(self.sites)

@@ -36,6 +36,13 @@ class Keystream:
         self._buf = np.empty(_CHUNK, dtype=np.uint64)
         self._bytes = memoryview(self._buf).cast("B")
 
+    def write(self, target: np.ndarray) -> None:
+        """target = the next `target.size` stream elements (contiguous uint64), in place."""
+        view = memoryview(target).cast("B")
+        for start in range(0, view.nbytes, 8 * _CHUNK):
+            stop = min(start + 8 * _CHUNK, view.nbytes)
+            self._cipher.update_into(_ZEROS[: stop - start], view[start:stop])
+
     def apply(self, target: np.ndarray, *, subtract: bool = False) -> None:
         """target += (or -=) the next `target.size` stream elements, mod 2^64, in place."""
         op = np.subtract if subtract else np.add
@@ -48,8 +55,8 @@ class Keystream:
 
 def expand(seed: bytes, n: int) -> np.ndarray:
     """The first `n` ring elements of the stream of `seed` (uint64)."""
-    out = np.zeros(n, dtype=np.uint64)
-    Keystream(seed).apply(out)
+    out = np.empty(n, dtype=np.uint64)
+    Keystream(seed).write(out)
     return out
 
 

@@ -21,8 +21,6 @@ _HALF = 1 << (RING_BITS - 1)
 # Floats are encoded in chunks small enough to stay in cache, so scaling,
 # rounding and the range check cost one pass over memory, not four.
 _CHUNK = 1 << 15
-_MAGIC = 1.5 * 2.0**52
-_MAGIC_BITS = np.float64(_MAGIC).view(np.int64)
 
 
 @dataclass(frozen=True)
@@ -137,22 +135,26 @@ class FixedPoint:
         flat_out = out.reshape(-1).view(np.int64)
         scale = float(2 ** self.frac_bits)
         limit = float(self.max_encoded)
-        # Adding 1.5 * 2^52 rounds a double to the nearest integer (ties to even,
-        # as np.rint) and leaves that integer in the low mantissa bits, so one
-        # add and one integer subtract replace rint plus a slow float->int cast.
-        # Valid while |scaled| < 2^51; other chunks take the exact slow path.
-        magic_limit = min(limit, float(2**51 - 1))
+        # Adding offset = 1.5 * 2^(52 - frac_bits) to x puts the sum in a binade
+        # whose spacing is exactly 2^-frac_bits: the add rounds x to the ring's
+        # resolution (ties to even, as np.rint(x * 2^frac_bits)) and leaves the
+        # integer in the low mantissa bits. One add and one integer subtract thus
+        # replace scaling, rint and a slow float->int cast. Valid while
+        # |x * 2^frac_bits| < 2^51; other chunks take the exact slow path.
+        offset = 1.5 * 2.0 ** (52 - self.frac_bits)
+        offset_bits = np.float64(offset).view(np.int64)
+        magic_limit = min(limit, float(2**51 - 1)) / scale
         buf = np.empty(min(_CHUNK, flat_x.size), dtype=np.float64)
         for start in range(0, flat_x.size, _CHUNK):
             chunk = flat_x[start : start + _CHUNK]
             target = flat_out[start : start + _CHUNK]
             shifted = buf[: chunk.size]
-            np.multiply(chunk, scale, out=shifted)
-            np.add(shifted, _MAGIC, out=shifted)
-            hi, lo = shifted.max() - _MAGIC, shifted.min() - _MAGIC
-            # `not (a <= b)` is also true for NaN, so one test catches NaN, inf and overflow.
+            np.add(chunk, offset, out=shifted)
+            # Exact: the sum and the offset share a binade. `not (a <= b)` is also
+            # true for NaN, so one test catches NaN, inf and overflow.
+            hi, lo = shifted.max() - offset, shifted.min() - offset
             if hi <= magic_limit and lo >= -magic_limit:
-                np.subtract(shifted.view(np.int64), _MAGIC_BITS, out=target)
+                np.subtract(shifted.view(np.int64), offset_bits, out=target)
             else:
                 np.multiply(chunk, scale, out=shifted)
                 if not (shifted.max() <= limit and shifted.min() >= -limit):

@@ -166,7 +166,7 @@ def test_buffer_pool_only_keeps_vectors_it_may_reuse():
     assert pool.take(4) is not owned
     pool.give(owned)
     pool.give(np.ones(4, np.uint64))  # over the per-length limit: dropped
-    assert pool.take(4) is owned and pool.zeros(4).tolist() == [0, 0, 0, 0]
+    assert pool.take(4) is owned and pool.take(4) is not owned  # each vector is handed out once
 
 
 def test_a_site_error_never_carries_the_site_value():

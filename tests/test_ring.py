@@ -94,3 +94,20 @@ def test_encoding_validates_itself():
 def test_out_buffer_is_checked():
     with pytest.raises(sr.EncodingError, match="buffer"):
         sr.FixedPoint().encode(np.zeros(3), out=np.empty(4, dtype=np.uint64))
+
+
+@given(
+    st.integers(0, 48),
+    st.lists(st.floats(-1.0, 1.0, allow_subnormal=True), min_size=1, max_size=50),
+    st.sampled_from([1e-300, 1.0, 2.0**10, 2.0**40, 2.0**50, 2.0**50.999, 2.0**52]),
+    st.integers(1, 64),
+)
+def test_fast_rounding_equals_rint_at_every_precision(frac_bits, unit, magnitude, max_sites):
+    """The offset trick must agree bit for bit with rint(x * 2^f), ties to even included."""
+    codec = sr.FixedPoint(frac_bits=frac_bits, max_sites=max_sites)
+    x = np.array(unit) * magnitude * 2.0**-frac_bits
+    ties = (np.arange(-4, 5) + 0.5) * 2.0**-frac_bits  # exact halves: rint rounds them to even
+    x = np.concatenate([x, ties, [0.0, -0.0]])
+    x = x[np.abs(x) <= codec.max_float]
+    expect = np.rint(x * 2.0**frac_bits).astype(np.int64)
+    np.testing.assert_array_equal(codec.encode(x).view(np.int64), expect)

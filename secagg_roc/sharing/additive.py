@@ -87,6 +87,13 @@ class AdditiveSharing(SharingScheme):
         correction = correction if correction.ndim == 1 else correction.reshape(-1)
         return [Payload(vector=correction) if j == holder else Payload(seed=seeds[j]) for j in range(self.n_aggregators)]
 
+    def materialize(self, out: np.ndarray, payload: Payload) -> None:
+        """Run by an Aggregator: the keystream is written straight into `out`."""
+        if payload.seed is not None:
+            prg.Keystream(payload.seed).write(out)
+        else:
+            np.copyto(out, payload.vector)
+
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator."""
         if payload.seed is not None:

@@ -70,6 +70,11 @@ class SharingScheme(abc.ABC):
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: acc += the vector this payload stands for (mod 2^64)."""
 
+    def materialize(self, out: np.ndarray, payload: Payload) -> None:
+        """Run by an Aggregator: out = the vector this payload stands for (starts a sum without a zero pass)."""
+        out.fill(0)
+        self.accumulate(out, payload)
+
     def combine(self, aggregate_vectors: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Run by the Analyst: the total from every aggregator's sum (mod 2^64), into `out` if given."""
         if len(aggregate_vectors) != self.n_aggregators:
