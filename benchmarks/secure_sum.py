@@ -8,13 +8,13 @@ wall time of `LocalFederation.secure_sum` (encode, split with AES-CTR seeds,
 aggregate, combine, decode) and of `acc += v` over the same K vectors, and
 their ratio. Target (issue 2): ratio <= 10 at K=10, d=1e6, N=2.
 
-Where the time goes at K=10, d=1e6, N=2 (cProfile, ~67 ms a round): AES-CTR
+Where the time goes at K=10, d=1e6, N=2 (cProfile, ~55 ms a round): AES-CTR
 keystreams ~20 ms (each seed is expanded twice, at the site and at its
-aggregator: ~1.1 ms per 8 MB, OpenSSL's speed), fixed-point encoding ~20 ms
-(scale, magic-number rounding, range check: five cache-resident passes per
-chunk), masking and accumulating ~14 ms, combine and decode ~6 ms (the decoded
-total is a fresh array, paid in page faults), Python per-message overhead
-~3 ms. The plain sum is one memory-bound pass per site (~0.5 ms).
+aggregator: ~1.1 ms per 8 MB, OpenSSL's speed), fixed-point encoding ~18 ms
+(one add rounds to the ring's resolution, an integer subtract extracts the
+value, two reductions check the range), masking and accumulating ~13 ms,
+combine and decode ~2 ms, Python per-message overhead ~2 ms. The plain sum is
+one memory-bound pass per site (~0.5 ms).
 """
 
 from __future__ import annotations
