@@ -201,10 +201,12 @@ class LocalFederation:
         return self._deliver(agg.name, ANALYST, reply)
 
     def _deliver(self, sender: str, receiver: str, message: Message, handler: Aggregator | None = None) -> Any:
+        nbytes = None
         if self.wire:
-            message = decode(message.encode())
+            data = message.encode()
+            message, nbytes = decode(data), len(data)
         if self.transcripts:
-            self.transcripts[receiver].record(sender, message)
+            self.transcripts[receiver].record(sender, message, nbytes)
         if handler is None:
             return message
         return handler.handle(message)

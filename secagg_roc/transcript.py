@@ -30,8 +30,10 @@ class Transcript:
         self.party = party
         self.entries: list[Received] = []
 
-    def record(self, sender: str, message: Message) -> None:
-        self.entries.append(Received(sender, message.kind, message.wire_size(), message))
+    def record(self, sender: str, message: Message, nbytes: int | None = None) -> None:
+        """Add `message` from `sender`; `nbytes` is its encoded size when the caller already knows it."""
+        size = message.wire_size() if nbytes is None else nbytes
+        self.entries.append(Received(sender, message.kind, size, message))
 
     def kinds(self) -> set[str]:
         return {e.kind for e in self.entries}

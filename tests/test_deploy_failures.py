@@ -3,7 +3,6 @@ mid-round and restart it on the same database; sites that never answer."""
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import json
 import sqlite3
@@ -15,10 +14,11 @@ import pytest
 
 from secagg_roc.deploy.http import AggregatorClient
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.tls import client_ssl_context
 from secagg_roc.errors import PrivacyError, RoundError
 from secagg_roc.messages import CloseRound, Query, RoundId, StatusRequest
 from secagg_roc.queries import canonical_params, query_digest
+
+from deploy_client import call_as
 
 pytestmark = pytest.mark.slow
 
@@ -41,17 +41,7 @@ def expected(cluster: LocalCluster, sites: list[str], array: str) -> np.ndarray:
 
 def call(cluster: LocalCluster, aggregator: int, fn: Callable[[AggregatorClient], Awaitable[Any]]) -> Any:
     """`fn` on a client of `aggregator` as the analyst."""
-    config, a = cluster.config, cluster.config.analyst
-    ctx = client_ssl_context(config.ca_cert, a.cert, a.key)
-
-    async def go() -> Any:
-        client = AggregatorClient(config.aggregators[aggregator], config.study_id, ctx)
-        try:
-            return await fn(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(go())
+    return call_as(cluster, cluster.config.analyst.name, aggregator, fn)
 
 
 def query(number: int, params: dict) -> Query:

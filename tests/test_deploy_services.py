@@ -11,7 +11,7 @@ import sqlite3
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -30,6 +30,8 @@ from secagg_roc.deploy.tls import AuthError, client_ssl_context
 from secagg_roc.errors import MessageError, RoundError, SiteQueryError
 from secagg_roc.messages import CloseRound, InputShare, PublicValue, Query, RoundId, StatusRequest
 from secagg_roc.queries import QUERIES
+
+from deploy_client import call_as as call
 
 pytestmark = pytest.mark.slow
 
@@ -65,24 +67,6 @@ def local(cluster: LocalCluster) -> Study:
     """The embedded study on exactly the arrays the site agents loaded, with the same DP seed."""
     loaded = {s.name: load_site_data(s.data, s.columns) for s in cluster.config.sites}
     return Study.local(loaded, seed=SEED, privacy_level=cluster.config.privacy_level)
-
-
-def call(cluster: LocalCluster, party: str, aggregator: int, fn: Callable[[AggregatorClient], Awaitable[Any]], *,
-         ctx=None) -> Any:
-    """Run `fn` with a client of `aggregator` that presents `party`'s certificate (or `ctx`)."""
-    config = cluster.config
-    if ctx is None:
-        p = config.party(party)
-        ctx = client_ssl_context(config.ca_cert, p.cert, p.key)
-
-    async def go() -> Any:
-        client = AggregatorClient(config.aggregators[aggregator], config.study_id, ctx)
-        try:
-            return await fn(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(go())
 
 
 def snapshot(cluster: LocalCluster) -> list[dict[str, Any]]:

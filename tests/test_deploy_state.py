@@ -485,3 +485,20 @@ def test_side_files_orphans_damage_and_schema_upgrade(tmp_path: Path, monkeypatc
         assert [e.body for e in store.entries()] == [b"\x01\x02", b"y" * 20]
     with sqlite3.connect(old) as db:
         assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "2"
+
+
+def test_a_refusal_never_quotes_data_from_an_unexpected_error() -> None:
+    """Run by the site agent: an unexpected error's text stays local; our own errors keep their words."""
+    from secagg_roc.deploy.site_agent import _refusal_of
+    from secagg_roc.errors import EncodingError, SiteQueryError
+    from secagg_roc.messages import Query, RoundId
+
+    query = Query(RoundId("st", 1, bytes(32)), "sum", "{}", 32)
+    leaky = ValueError("could not convert string to float: 'patient 4711: 98.6'")
+    reply = _refusal_of("site-a", query, leaky)
+    assert reply.code == "SiteQueryError" and "ValueError" in reply.text and "site 'site-a'" in reply.text
+    assert "4711" not in reply.text and "98.6" not in reply.text
+    enc = _refusal_of("site-a", query, EncodingError("value 123456789.5 could wrap", "a value could wrap"))
+    assert enc.code == "EncodingError" and "123456789" not in enc.text and "could wrap" in enc.text
+    own = _refusal_of("site-a", query, SiteQueryError("site 'site-a': score array 's' has 3 entries but the labels have 4"))
+    assert own.text == "site 'site-a': score array 's' has 3 entries but the labels have 4"

@@ -47,7 +47,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import ConfigError, MessageError, SecAggError, SiteQueryError
+from ..errors import ConfigError, EncodingError, MessageError, SecAggError, SiteQueryError
 from ..messages import ErrorReply, InputShare, Message, PublicValue, Query, RoundId, StatusRequest
 from ..queries import SiteData, lookup
 from ..sharing import make_scheme
@@ -159,7 +159,15 @@ def _refusal_of(site: str, query: Query, exc: BaseException) -> ErrorReply:
     from .http import ERROR_CLASSES
 
     code = type(exc).__name__ if type(exc).__name__ in ERROR_CLASSES else "SiteQueryError"
-    text = str(exc) if isinstance(exc, SecAggError) else f"query {query.name!r} failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, EncodingError):
+        text = exc.public  # its full text quotes the value that did not fit
+    elif isinstance(exc, SecAggError):
+        text = str(exc)  # our own errors are written to name problems, not values
+    else:
+        # An unexpected error's text may quote data (numpy and scipy messages often
+        # do): the analyst gets its type; the full text stays in this site's log.
+        log.warning("query %s (%s) failed at this site: %r", query.round_id, query.name, exc)
+        text = f"query {query.name!r} failed with {type(exc).__name__}; details are in the site's log"
     if not text.startswith(f"site {site!r}"):
         text = f"site {site!r}: {text}"
     return ErrorReply(code, text)

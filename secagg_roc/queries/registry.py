@@ -25,7 +25,12 @@ Release = Literal["secure", "dp"]
 
 @dataclass(frozen=True)
 class QueryResult:
-    """What a site query returns: named arrays and the number of records behind them."""
+    """What a site query returns: named arrays and the number of records behind them.
+
+    Each array's dtype (integer or float) must not depend on the site's data:
+    it fixes the output layout, and a round refuses sites whose layouts differ
+    (``np.bincount`` with weights, for one, returns integers when nothing is counted).
+    """
 
     values: dict[str, np.ndarray]
     records: int
