@@ -12,6 +12,7 @@ from .errors import (
     ConfigError,
     EncodingError,
     MessageError,
+    PolicyError,
     PrivacyError,
     RoundError,
     SecAggError,
@@ -19,8 +20,11 @@ from .errors import (
 )
 from . import pooled
 from .federation import LocalFederation
+from .ledger import Ledger
+from .policy import DPPolicy, Policy
 from .ring import Encoding, FixedPoint
 from .stats import (
+    BrierScore,
     CalibrationCurve,
     GlmResult,
     RocGlmResult,
@@ -34,16 +38,21 @@ from .study import LocalStudy, Study, Totals
 __version__ = "0.1.0"
 
 __all__ = [
+    "BrierScore",
     "CalibrationCurve",
     "CombineError",
     "ConfigError",
+    "DPPolicy",
     "Encoding",
     "EncodingError",
     "FixedPoint",
     "GlmResult",
+    "Ledger",
     "LocalFederation",
     "LocalStudy",
     "MessageError",
+    "Policy",
+    "PolicyError",
     "PrivacyError",
     "RocGlmResult",
     "RoundError",

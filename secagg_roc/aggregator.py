@@ -1,11 +1,18 @@
 """The aggregation round state machine, run by each Aggregator. Pure: no I/O.
 
 A `Round` accepts one share per registered site, checks every share before it
-touches state, and releases its aggregate share once, over the contributor set
-the analyst agreed with all aggregators, and only if that set has at least
-`min_sites` sites and `privacy_level` records. An `Aggregator` holds the
-rounds of one study and answers messages; the deployed service wraps it with
-HTTP and SQLite and feeds it exactly the same messages.
+touches state, and releases once, over the contributor set the analyst agreed
+with all aggregators, and only if that set has at least `min_sites` sites and
+`privacy_level` records: the sum of its shares for a secure-sum round, or, for
+a per-site (DP) round, the shares themselves, forwarded unsummed so that no
+aggregator ever holds a site's release.
+
+An `Aggregator` holds the rounds of one study and answers messages. Every
+round of a site query belongs to a *run* of a declared analysis, whose order
+rules its `RunBook` keeps (`runbook`). Before any exact release the
+aggregator's `DisclosureLog` refuses contributor sets that could be differenced
+against the sets of its earlier releases. The deployed service wraps
+this with HTTP and SQLite and feeds it exactly the same messages.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import numpy as np
 
 from . import prg
 from .buffers import BufferPool
-from .errors import MessageError, PrivacyError, RoundError
+from .disclosure import DisclosureLog
+from .errors import MessageError, PolicyError, PrivacyError, RoundError
 from .messages import (
     AggregateShare,
     CloseRound,
+    ForwardedShares,
     InputShare,
     Message,
     Query,
@@ -29,7 +38,8 @@ from .messages import (
     StatusRequest,
     check_name,
 )
-from .queries import query_digest
+from .queries import QUERIES, query_digest
+from .runbook import RunBook
 from .sharing import Payload, SharingScheme
 
 NOT_COUNTED = -1
@@ -44,6 +54,8 @@ class RoundPolicy:
     privacy_level: int = 5
     #: Deployed studies set this: a share without a record count is refused.
     require_records: bool = False
+    #: Whether a run may start without every site (its join releases over the sites that joined).
+    allow_dropouts: bool = False
     max_length: int = 1 << 27
 
     def __post_init__(self) -> None:
@@ -74,8 +86,12 @@ class Round:
         self.policy = policy
         self.scheme = scheme
         self.state = RoundState.OPEN
+        spec = QUERIES.get(query.name)
+        #: A per-site (DP) round: shares are forwarded unsummed, each site with its own layout.
+        self.per_site = spec is not None and spec.release == "dp"
+        self.outputs = None if spec is None else spec.outputs
         self.accepted: dict[str, InputShare] = {}
-        self.released: AggregateShare | None = None
+        self.released: AggregateShare | ForwardedShares | None = None
         #: The contributor set of the release; kept after `forget` drops the share itself.
         self.released_over: tuple[str, ...] | None = None
 
@@ -123,12 +139,19 @@ class Round:
             raise MessageError("this study requires a record count with every share")
         if share.records < NOT_COUNTED:
             raise MessageError(f"record count {share.records} is negative")
-        if not share.encoding.integer and share.encoding.frac_bits != self.query.frac_bits:
+        if share.encoding.raw != self.per_site:
+            what = "raw float64 encoding" if self.per_site else "fixed-point encoding"
+            raise RoundError(f"share from {share.site!r}: a round of {self.query.name!r} takes a {what}")
+        if not (share.encoding.integer or share.encoding.raw) and share.encoding.frac_bits != self.query.frac_bits:
             raise RoundError(
                 f"share from {share.site!r} has frac_bits={share.encoding.frac_bits}, the query asked for {self.query.frac_bits}"
             )
+        if self.outputs is not None:
+            declared = sorted((n, k == "int") for n, k in self.outputs.items())
+            if sorted((n, i) for n, _, i in share.layout) != declared:
+                raise RoundError(f"share from {share.site!r}: its layout does not match the outputs {self.query.name!r} declares")
         first = next(iter(self.accepted.values()), None)
-        if first is not None and first.site != share.site:
+        if first is not None and first.site != share.site and not self.per_site:
             if share.layout != first.layout:
                 raise RoundError(f"share from {share.site!r} has layout {share.layout}, round has {first.layout}")
             if share.encoding != first.encoding:
@@ -141,7 +164,7 @@ class Round:
     def status(self) -> RoundStatus:
         return RoundStatus(self.round_id, tuple(sorted(self.accepted)), self.released_over is not None)
 
-    def close(self, contributors: tuple[str, ...]) -> AggregateShare:
+    def close(self, contributors: tuple[str, ...]) -> AggregateShare | ForwardedShares:
         """Release this aggregator's share of the total over `contributors` (once)."""
         agreed = tuple(sorted(contributors))
         if len(set(agreed)) != len(agreed):
@@ -172,6 +195,13 @@ class Round:
                 f"{self.round_id}: the total covers {records} record(s), fewer than the privacy level "
                 f"q={self.policy.privacy_level}"
             )
+        if self.per_site:
+            # Forwarded, never summed: this aggregator's share of each site's own release.
+            self.released = ForwardedShares(self.round_id, self.index, agreed, records, tuple(shares))
+            self.released_over = agreed
+            self.state = RoundState.RELEASED
+            self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
+            return self.released
         n = shares[0].length
         acc = np.empty(n, dtype=np.uint64) if self.buffers is None else self.buffers.take(n)
         payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
@@ -197,9 +227,13 @@ class Round:
 
     def forget(self) -> None:
         """Drop the released share's vector; the release itself (and its contributor set) is kept."""
-        if self.buffers is not None and self.released is not None:
+        if self.buffers is not None and isinstance(self.released, AggregateShare):
             self.buffers.give(self.released.vector)
         self.released = None
+
+    def site_records(self, contributors: tuple[str, ...]) -> dict[str, int]:
+        """Each contributor's record count, as its share states it (public metadata)."""
+        return {s: self.accepted[s].records for s in contributors if s in self.accepted}
 
 
 def _stub(share: InputShare) -> InputShare:
@@ -216,7 +250,7 @@ def _same_payload(a: InputShare, b: InputShare) -> bool:
 
 
 class Aggregator:
-    """Aggregator `index` of study `study`: its rounds, and its answers to messages."""
+    """Aggregator `index` of study `study`: its rounds and runs, and its answers to messages."""
 
     def __init__(
         self,
@@ -242,10 +276,20 @@ class Aggregator:
         self.scheme = scheme
         self.max_open_rounds = max_open_rounds
         self.rounds: dict[int, Round] = {}
+        self.runbook = RunBook(policy.sites, policy.allow_dropouts)
+        self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
 
     @property
     def name(self) -> str:
         return f"aggregator-{self.index}"
+
+    @property
+    def runs(self) -> dict:
+        """Every run this aggregator has seen (see `runbook.RunBook`)."""
+        return self.runbook.runs
+
+    def _run_of(self, r: Round):
+        return self.runbook.of(r.query)
 
     def open(self, query: Query) -> RoundStatus:
         """Open the round for `query` (idempotent for the same query)."""
@@ -261,14 +305,17 @@ class Aggregator:
             return existing.status()
         if self.open_rounds() >= self.max_open_rounds:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
+        self.runbook.check_open(query, lambda n: n in self.rounds and self.rounds[n].released_over is not None)
         self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers)
+        self.runbook.opened(query)
         return self.rounds[rid.number].status()
 
     def abandon(self, number: int) -> None:
         """Abandon round `number` if it is open; its number stays used and is never reopened."""
         r = self.rounds.get(number)
-        if r is not None:
+        if r is not None and r.state is RoundState.OPEN:
             r.abandon()
+            self.runbook.abandoned(r.query, number)
 
     def open_rounds(self) -> int:
         return sum(r.state is RoundState.OPEN for r in self.rounds.values())
@@ -284,6 +331,29 @@ class Aggregator:
         if rid.study != self.study:
             raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.study!r}")
 
+    def close(self, message: CloseRound) -> AggregateShare | ForwardedShares:
+        """Release round `message.round_id` over its contributors, within its run's rules."""
+        r = self.round(message.round_id)
+        agreed = tuple(sorted(message.contributors))
+        guarded = False
+        if self.runbook.of(r.query) is not None and r.released_over is None:
+            self.runbook.check_close(r.query, agreed)
+            if not r.per_site:
+                problem = self.disclosures.problem(r.site_records(agreed))
+                if problem is not None:
+                    raise PolicyError(f"run {r.query.params['run']!r}, round {r.query.params['step']}: {problem}")
+                guarded = True
+        records = r.site_records(agreed)
+        share = r.close(message.contributors)
+        self.runbook.closed(r.query, agreed)
+        if guarded:
+            self.disclosures.record(records)
+        if r.round_id.number not in self._release_order:
+            self._release_order.append(r.round_id.number)
+            while len(self._release_order) > self.retain_released:
+                self.rounds[self._release_order.pop(0)].forget()
+        return share
+
     def handle(self, message: Message) -> Message:
         """Apply one message and return the reply. Errors raise; state is unchanged by them."""
         if isinstance(message, Query):
@@ -296,11 +366,5 @@ class Aggregator:
         if isinstance(message, StatusRequest):
             return self.round(message.round_id).status()
         if isinstance(message, CloseRound):
-            r = self.round(message.round_id)
-            share = r.close(message.contributors)
-            if r.round_id.number not in self._release_order:
-                self._release_order.append(r.round_id.number)
-                while len(self._release_order) > self.retain_released:
-                    self.rounds[self._release_order.pop(0)].forget()
-            return share
+            return self.close(message)
         raise MessageError(f"an aggregator does not accept {message.kind} messages")

@@ -1,25 +1,36 @@
-"""Run by the Analyst: combine the aggregators' shares into the decoded total."""
+"""Run by whoever receives a release (the Analyst, and every contributing Site): combine the aggregators' shares.
+
+A secure-sum round's release is one `AggregateShare` per aggregator: their sum
+decodes to the total (`combine`). A per-site (DP) round's release is one
+`ForwardedShares` per aggregator: each site's shares from all aggregators
+combine to that site's values (`combine_forwarded`). Either way the shares are
+checked to belong together before anything is decoded.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
 from .buffers import BufferPool
 from .errors import CombineError
-from .messages import AggregateShare, RoundStatus
-from .sharing import SharingScheme
-from .site import unflatten
+from .layout import unflatten
+from .messages import AggregateShare, ForwardedShares, RoundStatus
+from .sharing import Payload, SharingScheme
 
 
-@dataclass(frozen=True)
-class Combined:
-    """A reconstructed total: named arrays, record count and the contributors behind it."""
+class Totals(dict):
+    """Secure totals of one round: name -> summed array, plus public round metadata.
 
-    values: dict[str, np.ndarray]
-    records: int
-    contributors: tuple[str, ...]
+    ``records`` is the total record count behind the totals and ``contributors``
+    the agreed set of sites they were summed over.
+    """
+
+    def __init__(self, values: Mapping[str, np.ndarray], records: int, contributors: tuple[str, ...]):
+        super().__init__(values)
+        self.records = int(records)
+        self.contributors = tuple(contributors)
 
 
 def agree_contributors(statuses: list[RoundStatus]) -> tuple[str, ...]:
@@ -30,29 +41,58 @@ def agree_contributors(statuses: list[RoundStatus]) -> tuple[str, ...]:
     return tuple(sorted(common))
 
 
-def combine(shares: list[AggregateShare], scheme: SharingScheme, buffers: BufferPool | None = None) -> Combined:
-    """Check that `shares` belong together, add them, decode and unflatten the total.
-
-    With `buffers`, the ring total is summed in a recycled vector (the decoded
-    result is always a fresh array: it belongs to the caller)."""
+def _check_together(shares: list, scheme: SharingScheme, attrs: tuple[str, ...]) -> list:
     if len(shares) != scheme.n_aggregators:
-        raise CombineError(f"need one aggregate share from each of {scheme.n_aggregators} aggregators, got {len(shares)}")
-    indices = sorted(s.aggregator for s in shares)
-    if indices != list(range(scheme.n_aggregators)):
-        raise CombineError(f"aggregate shares come from aggregators {indices}, expected 0..{scheme.n_aggregators - 1}")
-    first = shares[0]
-    for s in shares[1:]:
-        for attr in ("round_id", "contributors", "records", "encoding", "layout"):
+        raise CombineError(f"need one share from each of {scheme.n_aggregators} aggregators, got {len(shares)}")
+    ordered = sorted(shares, key=lambda s: s.aggregator)
+    if [s.aggregator for s in ordered] != list(range(scheme.n_aggregators)):
+        indices = [s.aggregator for s in ordered]
+        raise CombineError(f"shares come from aggregators {indices}, expected 0..{scheme.n_aggregators - 1}")
+    first = ordered[0]
+    for s in ordered[1:]:
+        for attr in attrs:
             if getattr(s, attr) != getattr(first, attr):
                 raise CombineError(
                     f"aggregators {first.aggregator} and {s.aggregator} disagree on {attr}: "
                     f"{getattr(first, attr)} vs {getattr(s, attr)}; refusing to return a wrong total"
                 )
-        if s.vector.shape != first.vector.shape:
-            raise CombineError("aggregate shares have different lengths")
+    return ordered
+
+
+def combine(shares: list[AggregateShare], scheme: SharingScheme, buffers: BufferPool | None = None) -> Totals:
+    """Check that `shares` belong together, add them, decode and unflatten the total.
+
+    With `buffers`, the ring total is summed in a recycled vector (the decoded
+    result is always a fresh array: it belongs to the caller)."""
+    ordered = _check_together(shares, scheme, ("round_id", "contributors", "records", "encoding", "layout"))
+    first = ordered[0]
+    if any(s.vector.shape != first.vector.shape for s in ordered):
+        raise CombineError("aggregate shares have different lengths")
+    if first.encoding.raw:
+        raise CombineError("raw float encodings are per-site releases; they are never summed")
     out = None if buffers is None else buffers.take(first.vector.size)
-    total = scheme.combine([s.vector for s in sorted(shares, key=lambda s: s.aggregator)], out=out)
+    total = scheme.combine([s.vector for s in ordered], out=out)
     decoded = first.encoding.decode(total)
     if buffers is not None:
         buffers.give(total)
-    return Combined(unflatten(first.layout, decoded), first.records, first.contributors)
+    return Totals(unflatten(first.layout, decoded), first.records, first.contributors)
+
+
+def combine_forwarded(shares: list[ForwardedShares], scheme: SharingScheme) -> dict[str, dict[str, np.ndarray]]:
+    """Each contributor's values of a per-site release, from every aggregator's forwarded shares."""
+    ordered = _check_together(shares, scheme, ("round_id", "contributors", "records"))
+    out: dict[str, dict[str, np.ndarray]] = {}
+    for i, site in enumerate(ordered[0].contributors):
+        parts = [f.shares[i] for f in ordered]
+        first = parts[0]
+        if any((p.site, p.layout, p.encoding, p.aggregator) != (site, first.layout, first.encoding, j)
+               for j, p in enumerate(parts)):
+            raise CombineError(f"the aggregators forwarded shares of site {site!r} that do not belong together")
+        n = first.length
+        vectors = []
+        for p in parts:
+            v = np.empty(n, dtype=np.uint64)
+            scheme.materialize(v, Payload(seed=p.seed, vector=p.vector))
+            vectors.append(v)
+        out[site] = unflatten(first.layout, first.encoding.decode(scheme.combine(vectors)))
+    return out

@@ -36,6 +36,16 @@ class PrivacyError(SecAggError):
     """A release would break a privacy rule (fewer than `min_sites` sites or `q` records...)."""
 
 
+class PolicyError(PrivacyError):
+    """A request falls outside the study's privacy policy, a run's plan or a site's ledger.
+
+    Raised by every Site (and the analyst's side, which checks the same rules
+    first). The message names the rule and the request, never a record value:
+    whether a request is refused depends on the policy and on the requests made
+    so far, not on the data.
+    """
+
+
 class CombineError(SecAggError):
     """Aggregate shares that do not belong together (round, contributor set, encoding)."""
 

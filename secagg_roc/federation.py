@@ -2,9 +2,12 @@
 
 Every step goes through the same `Site`, `Aggregator` round state machine and
 `analyst.combine` as the deployed study, and every hand-over is a message from
-`messages` recorded in the receiver's transcript. With ``wire=True`` each
-message is also encoded to bytes and decoded again on delivery, exactly as the
-network would carry it.
+`messages` recorded in the receiver's transcript: the analyst's query to the
+aggregators and to the sites, the sites' shares, and the aggregators' releases
+to the analyst *and to every contributing site*, which combines them itself to
+move its copy of the run's plan on. A run's rounds after its join reach only
+the run's contributors. With ``wire=True`` each message is also encoded to
+bytes and decoded again on delivery, exactly as the network would carry it.
 """
 
 from __future__ import annotations
@@ -16,21 +19,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .aggregator import Aggregator, RoundPolicy
-from .analyst import agree_contributors, combine
+from .analyst import Totals, agree_contributors, combine, combine_forwarded
 from .buffers import BufferPool
-from .errors import PrivacyError, SiteQueryError
-from .messages import (
-    CloseRound,
-    InputShare,
-    Message,
-    PublicValue,
-    Query,
-    RoundId,
-    StatusRequest,
-    check_name,
-    decode,
-)
+from .errors import EncodingError, PolicyError, PrivacyError, RoundError, SecAggError, SiteQueryError
+from .messages import CloseRound, InputShare, Message, Query, RoundId, StatusRequest, check_name, decode
 from .queries import SiteData, canonical_params, query_digest
+from .queries.run import JOIN
 from .sharing import make_scheme
 from .site import Site
 from .transcript import Transcript
@@ -61,6 +55,7 @@ class LocalFederation:
         wire: bool = False,
         transcripts: bool = True,
         max_open_rounds: int = 64,
+        allow_dropouts: bool = False,
     ):
         self.sites = tuple(check_name(s, "site") for s in sites)
         if len(set(self.sites)) != len(self.sites):
@@ -71,7 +66,9 @@ class LocalFederation:
         self.study_id = check_name(study_id, "study id")
         self.frac_bits = int(frac_bits)
         self.wire = wire
-        self.policy = RoundPolicy(frozenset(self.sites), min_sites=min_sites, privacy_level=privacy_level)
+        self.policy = RoundPolicy(
+            frozenset(self.sites), min_sites=min_sites, privacy_level=privacy_level, allow_dropouts=allow_dropouts
+        )
         # Without transcripts or wire copies, no one keeps a share vector after its
         # round, so vectors are recycled instead of faulting in fresh memory each round.
         self.buffers = BufferPool() if not (transcripts or wire) else None
@@ -91,7 +88,9 @@ class LocalFederation:
         self._parties = frozenset(parties)
         self._round_numbers = itertools.count()
         # Site objects that hold no data: `secure_sum` hands them values directly.
-        self._bare_sites = {s: self._site(SiteData(s, {})) for s in self.sites}
+        self._bare_sites = {s: self.site(SiteData(s, {})) for s in self.sites}
+        #: run -> its contributors, from the run's join release (who gets the run's later rounds).
+        self._members: dict[str, tuple[str, ...]] = {}
 
     # -- public -----------------------------------------------------------------
 
@@ -130,48 +129,31 @@ class LocalFederation:
             )
         query = self._query("secure_sum", {}, frac_bits)
 
-        def answer(site: Site) -> list[InputShare]:
-            count = None if records is None else records[site.name]
-            return site.share(query, {"value": np.asarray(values[site.name])}, count)
+        def answer(name: str) -> list[InputShare]:
+            count = None if records is None else records[name]
+            return self._bare_sites[name].share(query, {"value": np.asarray(values[name])}, count)
 
-        combined = self._run_round(query, [self._bare_sites[s] for s in values], answer)
-        return combined.values["value"]
+        self._open(query)
+        self._collect(query, sorted(values), answer, keep_refusals=False)
+        shares = self._close(query, self._agree(query))
+        return combine(shares, self.scheme, self.buffers)["value"]
 
-    def run_query(
-        self, site_data: Mapping[str, SiteData], name: str, params: Mapping[str, Any] | None, *, frac_bits: int | None = None
-    ):
-        """Run site query `name` at every site and return its secure totals (a `study.Totals`)."""
-        from .study import Totals
-
+    def run_query(self, sites: Mapping[str, Site], name: str, params: Mapping[str, Any] | None, *,
+                  frac_bits: int | None = None) -> Totals:
+        """Run one round of site query `name` at `sites` and return its secure totals."""
         query = self._query(name, params, frac_bits)
-        sites = [self._site(site_data[s]) for s in self.sites]
-        combined = self._run_round(query, sites, lambda site: site.answer(query))
-        return Totals(combined.values, combined.records, combined.contributors)
+        return combine(self._run_round(query, sites), self.scheme, self.buffers)
 
-    def collect_dp(self, site_data: Mapping[str, SiteData], name: str, params: Mapping[str, Any] | None):
-        """Run a DP-declared query at every site; site -> its released arrays."""
-        from .site import unflatten
-
+    def collect_dp(self, sites: Mapping[str, Site], name: str, params: Mapping[str, Any] | None):
+        """Run one per-site (DP) round at `sites`; site -> its released arrays, combined from forwarded shares."""
         query = self._query(name, params, None)
-        out: dict[str, dict[str, np.ndarray]] = {}
-        for s in self.sites:
-            site = self._site(site_data[s])
-            self._deliver(ANALYST, s, query)
-            release = self._deliver(s, ANALYST, site.answer_dp(query))
-            out[s] = unflatten(release.layout, np.asarray(release.vector))
-        return out
+        return combine_forwarded(self._run_round(query, sites), self.scheme)
 
-    def broadcast(self, site_data: Mapping[str, SiteData], name: str, value: Any) -> None:
-        """Send a public value to every site."""
-        arr = np.asarray(canonical_params({"v": value})["v"], dtype=np.float64)
-        message = PublicValue(self.study_id, check_name(name, "value name"), arr)
-        for s in self.sites:
-            self._site(site_data[s]).receive(self._deliver(ANALYST, s, message))
+    def site(self, data: SiteData, **options: Any) -> Site:
+        """A `Site` of this federation for `data` (`options`: its policy, ledger, local consent)."""
+        return Site(data, self.study_id, self.scheme, self.sites, self.buffers, **options)
 
     # -- one round ----------------------------------------------------------------
-
-    def _site(self, data: SiteData) -> Site:
-        return Site(data, self.study_id, self.scheme, self.sites, self.buffers)
 
     def _query(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Query:
         fb = self.frac_bits if frac_bits is None else int(frac_bits)
@@ -180,20 +162,62 @@ class LocalFederation:
         rid = RoundId(self.study_id, number, query_digest(self.study_id, name, canon, fb))
         return Query(rid, name, json.dumps(canon, sort_keys=True, separators=(",", ":")), fb)
 
-    def _run_round(self, query: Query, sites: list[Site], answer: Callable[[Site], list[InputShare]]):
-        """Analyst opens the round, sites submit, aggregators agree on contributors and release."""
+    def _run_round(self, query: Query, sites: Mapping[str, Site]) -> list:
+        """Analyst opens the round; sites answer (or refuse); aggregators release; releases reach the sites."""
+        self._open(query)
+        params = query.params
+        run = params.get("run") if isinstance(params.get("run"), str) else None
+        joining = query.name == JOIN
+        # A run's later rounds reach its contributors only (a deployment's feeds do the same).
+        members = self._members.get(run) if run is not None and not joining else None
+        refusals = self._collect(query, sorted(sites) if members is None else list(members),
+                                 lambda name: sites[name].answer(query))
+        contributors = self._agree(query)
+        if refusals and (not joining or not contributors):
+            raise next(iter(refusals.values()))
+        try:
+            shares = self._close(query, contributors)
+        except (PrivacyError, RoundError) as exc:
+            if refusals:  # the sites' own reasons first: they say what to fix
+                first = next(iter(refusals.values()))
+                raise type(first)(f"{first} (and so: {exc})") from None
+            raise
+        for name in contributors:
+            for agg, share in zip(self.aggregators, shares):
+                self._deliver(agg.name, name, share)
+            sites[name].receive_release(shares)
+        if joining and run is not None:
+            self._members[run] = tuple(contributors)
+        return shares
+
+    def _open(self, query: Query) -> None:
         for agg in self.aggregators:
             self._exchange(agg, query)
-        for site in sites:
-            self._deliver(ANALYST, site.name, query)
-            for share in answer(site):
+
+    def _collect(self, query: Query, names: list[str], answer: Callable[[str], list[InputShare]], *,
+                 keep_refusals: bool = True) -> dict[str, SecAggError]:
+        """Deliver `query` to each site and its shares to the aggregators; a site's refusal is kept, not raised."""
+        refusals: dict[str, SecAggError] = {}
+        for name in names:
+            self._deliver(ANALYST, name, query)
+            try:
+                shares = answer(name)
+            except (PolicyError, SiteQueryError, EncodingError) as exc:
+                if not keep_refusals:
+                    raise
+                refusals[name] = exc
+                continue
+            for share in shares:
                 agg = self.aggregators[share.aggregator]
-                ack = self._deliver(site.name, agg.name, share, handler=agg)
-                self._deliver(agg.name, site.name, ack)
-        statuses = [self._exchange(agg, StatusRequest(query.round_id)) for agg in self.aggregators]
-        contributors = agree_contributors(statuses)
-        shares = [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self.aggregators]
-        return combine(shares, self.scheme, self.buffers)
+                ack = self._deliver(name, agg.name, share, handler=agg)
+                self._deliver(agg.name, name, ack)
+        return refusals
+
+    def _agree(self, query: Query) -> tuple[str, ...]:
+        return agree_contributors([self._exchange(agg, StatusRequest(query.round_id)) for agg in self.aggregators])
+
+    def _close(self, query: Query, contributors: tuple[str, ...]) -> list:
+        return [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self.aggregators]
 
     def _exchange(self, agg: Aggregator, message: Message) -> Any:
         """Analyst -> aggregator request, and its reply back to the analyst."""
@@ -210,4 +234,3 @@ class LocalFederation:
         if handler is None:
             return message
         return handler.handle(message)
-

@@ -28,7 +28,7 @@ from .errors import MessageError
 from .ring import Encoding
 
 MAGIC = b"SRM"
-VERSION = 1
+VERSION = 2
 DIGEST_BYTES = 32
 MAX_NDIM = 8
 MAX_STR = 1 << 20
@@ -108,7 +108,7 @@ class _Writer:
 
     def encoding(self, e: Encoding) -> None:
         self.u8(e.frac_bits)
-        self.u8(1 if e.integer else 0)
+        self.u8(2 if e.raw else 1 if e.integer else 0)
 
     def array(self, a: np.ndarray) -> None:
         dtype = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
@@ -181,10 +181,10 @@ class _Reader:
         return RoundId(study, number, query)
 
     def encoding(self) -> Encoding:
-        frac_bits, integer = self.u8("frac_bits"), self.u8("integer flag")
-        if integer not in (0, 1) or frac_bits > 62 or (integer and frac_bits):
-            raise MessageError(f"invalid encoding (frac_bits={frac_bits}, integer={integer})")
-        return Encoding(frac_bits, bool(integer))
+        frac_bits, kind = self.u8("frac_bits"), self.u8("encoding kind")
+        if kind not in (0, 1, 2) or frac_bits > 62 or (kind and frac_bits):
+            raise MessageError(f"invalid encoding (frac_bits={frac_bits}, kind={kind})")
+        return Encoding(frac_bits, kind == 1, raw=kind == 2)
 
     def array(self, what: str) -> np.ndarray:
         code = self.u8(f"{what} dtype")
@@ -488,55 +488,41 @@ class AggregateShare(Message):
 
 
 @dataclass(frozen=True)
-class PublicValue(Message):
-    """Analyst -> sites: a public value (thresholds, DP survivor functions) under a name."""
+class ForwardedShares(Message):
+    """Aggregator j -> analyst and contributing sites: site j's shares of a per-site release, unsummed.
 
-    KIND: ClassVar[int] = 7
-    study: str
-    name: str
-    value: np.ndarray = field(compare=False)
+    A round of a query declared ``release="dp"`` (per-site DP values) is not
+    summed: each aggregator forwards the share it holds of every contributor's
+    values, so that no single aggregator ever holds a site's release; the
+    receiver combines each site's shares from all aggregators.
+    """
 
-    def _write(self, w: _Writer) -> None:
-        w.str(self.study)
-        w.str(self.name)
-        w.array(np.asarray(self.value, dtype=np.float64))
-
-    @classmethod
-    def _read(cls, r: _Reader) -> "PublicValue":
-        study, name = r.name("study id"), r.name("value name")
-        value = r.array("public value")
-        if value.dtype != np.float64:
-            raise MessageError("a public value is a float64 array")
-        if not np.all(np.isfinite(value)):
-            raise MessageError(f"public value {name!r} contains NaN or infinite numbers")
-        return cls(study, name, value)
-
-
-@dataclass(frozen=True)
-class DPRelease(Message):
-    """Site -> analyst: arrays the protocol declares differentially private, in the clear."""
-
-    KIND: ClassVar[int] = 8
+    KIND: ClassVar[int] = 10
     round_id: RoundId
-    site: str
-    layout: Layout
-    vector: np.ndarray = field(compare=False)
+    aggregator: int
+    contributors: tuple[str, ...]
+    records: int
+    shares: tuple[InputShare, ...] = field(compare=False)
 
     def _write(self, w: _Writer) -> None:
         w.round_id(self.round_id)
-        w.str(self.site)
-        w.str(_layout_json(self.layout))
-        w.array(np.asarray(self.vector, dtype=np.float64))
+        w.u64(self.aggregator)
+        w.strs(self.contributors)
+        w.i64(self.records)
+        w.u64(len(self.shares))
+        for share in self.shares:
+            share._write(w)
 
     @classmethod
-    def _read(cls, r: _Reader) -> "DPRelease":
-        rid, site, layout = r.round_id(), r.name("site"), _parse_layout(r.str("layout"))
-        vector = r.array("released values")
-        if vector.dtype != np.float64 or vector.ndim != 1 or vector.size != layout_size(layout):
-            raise MessageError("released values must be 1-d float64 matching their layout")
-        if not np.all(np.isfinite(vector)):
-            raise MessageError(f"released values of site {site!r} contain NaN or infinite numbers")
-        return cls(rid, site, layout, vector)
+    def _read(cls, r: _Reader) -> "ForwardedShares":
+        rid, agg, contributors = r.round_id(), r.u64("aggregator index"), r.names("contributors")
+        records, n = r.i64("records"), r.u64("number of forwarded shares")
+        if n != len(contributors):
+            raise MessageError(f"{n} forwarded shares for {len(contributors)} contributors")
+        shares = tuple(InputShare._read(r) for _ in range(n))
+        if tuple(s.site for s in shares) != contributors or any(s.round_id != rid for s in shares):
+            raise MessageError("forwarded shares must belong to the round and list the contributors in order")
+        return cls(rid, agg, contributors, records, shares)
 
 
 @dataclass(frozen=True)

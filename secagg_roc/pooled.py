@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from .stats.binning import bin_index
-from .stats.calibration import assemble_curve, released_bins
+from .stats.calibration import assemble_curve
 from .stats.delong import logit_ci as _logit_ci, raw_ci
 from .stats.families import check_family
 from .stats.glm import fit_glm_arrays
@@ -140,25 +140,32 @@ def brier_score(y, p) -> float:
     return float(np.mean((p - y) ** 2))
 
 
-def calibration_curve(y, p, n_bins: int = 10, privacy_level: int = 0) -> CalibrationCurve:
-    """Calibration curve on pooled records; bins with fewer than `privacy_level` records are suppressed."""
+def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=None) -> CalibrationCurve:
+    """Calibration curve on pooled records, with the distributed curve's disclosure rule.
+
+    With `sites` (one site label per record) each site's cells with fewer than
+    `min_cell_count` records are left out, as every site leaves them out of the
+    distributed curve; without it the rule applies to the pooled cells.
+    """
     y = np.asarray(y)
     p = np.asarray(p, dtype=float)
     if y.ndim != 1 or y.shape != p.shape or not np.all(np.isin(y, (0, 1))):
         raise ValueError("labels must be a 0/1 vector of the same length as the predictions")
     if not np.all(np.isfinite(p)) or (p.size and (p.min() < 0 or p.max() > 1)):
         raise ValueError("predictions must be probabilities in [0, 1]")
+    groups = np.zeros(y.size, dtype=int) if sites is None else np.unique(np.asarray(sites), return_inverse=True)[1]
     idx = bin_index(p, n_bins)
-    counts = np.bincount(idx, minlength=n_bins)
-    released = released_bins(counts, privacy_level)
+    counts, sum_pred, sum_label = np.zeros(n_bins, dtype=np.int64), np.zeros(n_bins), np.zeros(n_bins)
+    for g in np.unique(groups):
+        mine = groups == g
+        c = np.bincount(idx[mine], minlength=n_bins)
+        keep = c >= min_cell_count
+        counts += np.where(keep, c, 0)
+        sum_pred += np.where(keep, np.bincount(idx[mine], weights=p[mine], minlength=n_bins), 0.0)
+        sum_label += np.where(keep, np.bincount(idx[mine], weights=y[mine].astype(float), minlength=n_bins), 0.0)
     return assemble_curve(
-        counts,
-        np.bincount(idx, weights=p, minlength=n_bins),
-        np.bincount(idx, weights=y.astype(float), minlength=n_bins),
-        released,
-        privacy_level=privacy_level,
-        n_records=y.size,
-        mode="pooled",
+        counts, sum_pred, sum_label, privacy_level=min_cell_count, min_cell_count=min_cell_count,
+        n_records=y.size, mode="pooled",
     )
 
 

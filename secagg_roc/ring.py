@@ -32,22 +32,61 @@ class Encoding:
 
     frac_bits: int
     integer: bool
+    #: The ring elements are the bit patterns of float64 values: exact, but only for
+    #: shares that are forwarded one site at a time, never summed (per-site DP releases).
+    raw: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.frac_bits <= 62:
             raise EncodingError(f"frac_bits must be in 0..62, got {self.frac_bits}")
         if self.integer and self.frac_bits != 0:
             raise EncodingError("an integer encoding has frac_bits = 0")
+        if self.raw and (self.integer or self.frac_bits != 0):
+            raise EncodingError("a raw float64 encoding has no fractional bits and is not integer")
 
     def decode(self, values: np.ndarray) -> np.ndarray:
         """Ring values (uint64) -> a new int64 array for integer encodings, float64 otherwise."""
-        signed = np.asarray(values, dtype=np.uint64).view(np.int64)
+        ring = np.asarray(values, dtype=np.uint64)
+        if self.raw:
+            return ring.view(np.float64).copy()
+        signed = ring.view(np.int64)
         if self.integer:
             return signed.copy()
         return np.multiply(signed, 2.0 ** -self.frac_bits)
 
 
 INTEGER = Encoding(0, True)
+RAW_FLOAT = Encoding(0, False, raw=True)
+
+
+def encode_raw(x: np.ndarray) -> np.ndarray:
+    """float64 values -> their bit patterns as ring elements (a new uint64 vector): exact, not summable."""
+    x = np.ascontiguousarray(x, dtype=np.float64).reshape(-1)
+    if not np.all(np.isfinite(x)):
+        raise EncodingError("cannot encode NaN or infinite values: every value must be a finite number")
+    return x.view(np.uint64).copy()
+
+
+class RawFloat:
+    """The codec of per-site releases: float64 bit patterns, exact, forwarded one site at a time, never summed.
+
+    It has `FixedPoint`'s `encode` signature, so every sharing scheme splits with it unchanged.
+    """
+
+    max_float = float("inf")
+
+    def encoding_for(self, x: np.ndarray) -> Encoding:
+        return RAW_FLOAT
+
+    def encode(self, x: np.ndarray, out: np.ndarray | None = None, *,
+               on_chunk: Callable[[np.ndarray], None] | None = None) -> np.ndarray:
+        bits = encode_raw(x)
+        if out is not None:
+            np.copyto(out.reshape(-1), bits)
+            bits = out.reshape(-1)
+        if on_chunk is not None:
+            on_chunk(bits)
+        return bits
 
 
 class FixedPoint:
@@ -68,7 +107,12 @@ class FixedPoint:
         self.float_encoding = Encoding(self.frac_bits, False)
         # Largest |encoded value| such that max_sites of them cannot leave [-2^63, 2^63).
         self.max_encoded = (_HALF - 1) // self.max_sites
-        self.max_float = self.max_encoded * 2.0 ** -self.frac_bits
+        # ... as a float: the largest one not above it (float(max_encoded) may round up past it).
+        limit = float(self.max_encoded)
+        while int(limit) > self.max_encoded:
+            limit = float(np.nextafter(limit, 0.0))
+        self._limit = limit
+        self.max_float = limit * 2.0 ** -self.frac_bits
         self.max_int = self.max_encoded
 
     def __repr__(self) -> str:
@@ -134,7 +178,7 @@ class FixedPoint:
         flat_x = x.reshape(-1)
         flat_out = out.reshape(-1).view(np.int64)
         scale = float(2 ** self.frac_bits)
-        limit = float(self.max_encoded)
+        limit = self._limit
         # Adding offset = 1.5 * 2^(52 - frac_bits) to x puts the sum in a binade
         # whose spacing is exactly 2^-frac_bits: the add rounds x to the ring's
         # resolution (ties to even, as np.rint(x * 2^frac_bits)) and leaves the

@@ -1,57 +1,64 @@
-"""What a Site does with a query: check it, run it, encode and split the output.
+"""What a Site does with a round: check it, compute, record it in the ledger, encode and split.
 
 Run by each Site, in the embedded study and in the deployed site agent alike.
+Before a record is read, every request is checked:
+
+* a run's join: the analysis and its canonical arguments against the site's
+  policy, the analyst's policy digest against the site's own, and the site's
+  data against the analysis (`plans.SiteRuns.check_join`);
+* every later round: it must be exactly the next step of the site's own copy
+  of the run's plan (same query, parameters and precision), the plan having
+  been fed with the releases the site received from the aggregators;
+* an exact release: the site's ledger refuses a contributor set that could be
+  differenced against the sets of its earlier releases;
+* a per-site (DP) release: computed once and replayed on repeat, each new one
+  charged to the site's budget, refused beyond it.
+
 The only things that leave here are secret shares (with public metadata: the
-layout of the output, its encoding and the record count) and, for queries the
-protocol declares DP-protected, the noised values.
+output layout, which follows from the query, its encoding and the record
+count). Ledger entries are handed to `persist` (the deployed agent's database)
+before the shares are returned, so no release exists without its record.
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 import numpy as np
 
-from .errors import EncodingError, MessageError, SiteQueryError
-from .messages import DPRelease, InputShare, Layout, PublicValue, Query, check_name
 from .aggregator import NOT_COUNTED
+from .analyst import combine, combine_forwarded
 from .buffers import BufferPool
-from .queries import SiteData, query_digest, run_site_query
-from .ring import FixedPoint
+from .dp.accounting import Charge
+from .errors import EncodingError, MessageError, PolicyError
+from .ledger import Ledger, LedgerEntry
+from .layout import flatten
+from .messages import AggregateShare, ForwardedShares, InputShare, Query
+from .plans import RunInfo, SiteRuns, Step, same_step
+from .policy import Policy
+from .queries import SiteData, canonical_params, lookup, quantity_digest, query_digest, run_site_query
+from .queries.run import JOIN
+from .ring import FixedPoint, RawFloat
 from .sharing import SharingScheme
 
-
-def flatten(values: Mapping[str, np.ndarray]) -> tuple[Layout, np.ndarray]:
-    """Named arrays -> (layout, one flat vector); integer arrays stay integer when all are."""
-    names = sorted(values)
-    arrays = [np.asarray(values[n]) for n in names]
-    for n, a in zip(names, arrays):
-        check_name(n, "output name")
-        if a.dtype.kind not in "iubf":
-            raise SiteQueryError(f"output {n!r} has dtype {a.dtype}; outputs are numbers")
-    layout = tuple((n, tuple(a.shape), a.dtype.kind in "iub") for n, a in zip(names, arrays))
-    dtype = np.int64 if all(i for _, _, i in layout) else np.float64
-    if len(arrays) == 1 and arrays[0].dtype == dtype and arrays[0].flags.c_contiguous:
-        return layout, arrays[0].reshape(-1)  # the common large case: no copy
-    return layout, np.concatenate([a.reshape(-1).astype(dtype, copy=False) for a in arrays])
+#: Persist ledger entries (and whatever else a deployment logs) before shares are sent.
+Persist = Callable[[list[LedgerEntry], list[InputShare]], None]
 
 
-def unflatten(layout: Layout, vector: np.ndarray) -> dict[str, np.ndarray]:
-    """Inverse of `flatten` for decoded totals; integer entries come back as int64."""
-    out: dict[str, np.ndarray] = {}
-    pos = 0
-    for name, shape, integer in layout:
-        n = int(np.prod(shape, dtype=np.int64))
-        part = vector[pos : pos + n].reshape(shape)
-        if integer and part.dtype.kind == "f":
-            part = np.rint(part).astype(np.int64)
-        out[name] = part
-        pos += n
-    return out
+@dataclass(frozen=True)
+class Answered:
+    """A round this site answered: what it needs to take the round's release back into its plan."""
+
+    query: Query
+    run: str
+    step: int
 
 
 class Site:
-    """A site's side of the protocol: its data, and the shares it sends per query."""
+    """A site's side of the protocol: its data, policy, ledger and runs, and the shares it sends per round."""
 
     def __init__(
         self,
@@ -60,15 +67,33 @@ class Site:
         scheme: SharingScheme,
         all_sites: tuple[str, ...],
         buffers: BufferPool | None = None,
+        *,
+        policy: Policy | None = None,
+        ledger: Ledger | None = None,
+        allow_non_private: bool = True,
     ):
         self.data = data
         self.buffers = buffers
         self.name = data.name
         self.study = study
         self.scheme = scheme
+        self.all_sites = tuple(all_sites)
         self.n_sites = len(all_sites)
+        self.policy = policy or Policy()
+        self.ledger = ledger or Ledger(self.policy, self.name)
+        self.runs = SiteRuns(self.name, self.policy, self.all_sites)
+        #: The site operator's own consent to the non-private mode, on top of the policy's.
+        self.allow_non_private = allow_non_private
+        self._digest: str | None = None
+        self.answered: dict[int, Answered] = {}
         # The aggregator that gets the full correction vector rotates over sites.
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
+
+    @property
+    def data_digest(self) -> str:
+        if self._digest is None:
+            self._digest = self.data.digest()
+        return self._digest
 
     def check_query(self, query: Query) -> None:
         """Refuse a query whose digest does not bind its name, parameters and precision."""
@@ -77,15 +102,122 @@ class Site:
         if query_digest(self.study, query.name, query.params, query.frac_bits) != query.round_id.query:
             raise MessageError(f"site {self.name!r}: query digest does not match {query.name!r} and its parameters")
 
-    def answer(self, query: Query, *, seeds: Mapping[int, bytes] | None = None) -> list[InputShare]:
-        """Run by the Site: one `InputShare` per aggregator for a secure-sum query.
+    # -- answering ------------------------------------------------------------------
 
-        `seeds` (default: fresh ones) re-creates a split the site made before; see `share`."""
+    def answer(
+        self, query: Query, *, seeds: Mapping[int, bytes] | None = None, persist: Persist | None = None
+    ) -> list[InputShare]:
+        """Run by the Site: one `InputShare` per aggregator for a round of a run it takes part in.
+
+        Raises `PolicyError` (naming the rule) for anything outside the policy,
+        the plan or the ledger. `seeds` re-creates a split the site made before
+        (see `share`); `persist(entries, shares)` must make the ledger entries
+        durable before the shares are sent.
+        """
         self.check_query(query)
-        spec, result = run_site_query(self.data, query.name, query.params)
-        if spec.release != "secure":
-            raise SiteQueryError(f"site {self.name!r}: query {query.name!r} is not a secure-sum query")
-        return self.share(query, result.values, result.records, seeds=seeds)
+        params = query.params
+        run, number = params.get("run"), params.get("step")
+        again = self.answered.get(query.round_id.number)
+        if again is not None and again.query.round_id != query.round_id:
+            raise PolicyError(f"site {self.name!r}: round number {query.round_id.number} was used for another query")
+        if query.name == JOIN:
+            shares, entries = self._join(query, params, seeds, again is not None), []
+        else:
+            if run is None:
+                raise PolicyError(
+                    f"site {self.name!r}: query {query.name!r} is not a round of a declared analysis; sites answer "
+                    "only the rounds of a run's plan"
+                )
+            info, step = self.runs.expect(run, number)
+            asked = {k: v for k, v in params.items() if k not in ("run", "step")}
+            problem = same_step(step, query.name, asked, query.frac_bits)
+            if problem is not None:
+                raise PolicyError(
+                    f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
+                    f"plan: {problem}"
+                )
+            if step.release == "dp":
+                shares, entries = self._per_site(query, info, number, step, seeds)
+            else:
+                shares, entries = self._exact(query, info, number, step, seeds)
+        if persist is not None:
+            persist(entries, shares)
+        for entry in entries:
+            self.ledger.apply(entry)
+        self.answered[query.round_id.number] = Answered(query, str(run), int(number))
+        return shares
+
+    def _join(self, query: Query, params: dict, seeds: Mapping[int, bytes] | None, again: bool) -> list[InputShare]:
+        if not again:  # the same join again (a restarted agent re-sending its shares) was checked before
+            plan, args = self.runs.check_join(params, self.data)
+            if args.get("mode") == "non-private" and not self.allow_non_private:
+                raise PolicyError(
+                    f"site {self.name!r}: its operator does not allow the non-private validation mode "
+                    "(start the site agent with --allow-non-private to permit it)"
+                )
+        _, result = run_site_query(self.data, JOIN, {})
+        shares = self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(JOIN).outputs)
+        if not again:
+            self.runs.join(params["run"], plan, args)
+        return shares
+
+    def restore(self, query: Query, release: list[AggregateShare] | list[ForwardedShares] | None) -> None:
+        """Replay a round this site answered before a restart (and its release, if it came).
+
+        Run by a restarted deployed Site, in the order it answered: the runs
+        and their plans are rebuilt exactly as they were, without computing or
+        recording anything again (the ledger is restored from its own entries).
+        """
+        self.check_query(query)
+        params = query.params
+        if query.name == JOIN:
+            plan, args = self.runs.check_join(params, self.data)
+            self.runs.join(params["run"], plan, args)
+        else:
+            self.runs.expect(params.get("run"), params.get("step"))
+        self.answered[query.round_id.number] = Answered(query, str(params.get("run")), int(params.get("step")))
+        if release:
+            self.receive_release(release)
+
+    def _exact(self, query: Query, info: RunInfo, number: int, step: Step, seeds) -> tuple[list, list]:
+        quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits)
+        self.ledger.check_exact(info.contributors, info.records, self.data_digest)
+        entry = self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records, self.data_digest)
+        _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
+        shares = self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(step.query).outputs,
+                            saturate=True)
+        return shares, [entry]
+
+    def _per_site(self, query: Query, info: RunInfo, number: int, step: Step, seeds) -> tuple[list, list]:
+        """A per-site release: replayed from the ledger, or computed, charged and recorded."""
+        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
+        key = hashlib.sha256(blob.encode()).hexdigest()
+        stored = self.ledger.lookup(key)
+        entries: list[LedgerEntry] = []
+        if stored is not None:
+            values = stored.values  # a repeat: the same values, never new noise
+        else:
+            params = step.params
+            if params.get("non_private") is True:
+                self.policy.check_non_private()
+                charge = None
+            else:
+                request = self.policy.check_dp(params.get("epsilon"), params.get("delta"),
+                                               params.get("l2_sensitivity"), params.get("mechanism"))
+                assert self.policy.dp is not None
+                charge = Charge.gaussian(request.sigma, self.policy.dp.l2_sensitivity, request.epsilon, request.delta)
+                self.ledger.check_charge(charge)
+            _, result = run_site_query(self.data.with_context(step.context), step.query, params)
+            values = result.values
+            entries.append(self.ledger.noisy_entry(key, info.run, number, values, charge))
+        layout, flat = flatten(values, lookup(step.query).outputs)
+        payloads = self.scheme.share(flat, RawFloat(), holder=self.holder, seeds=seeds)
+        shares = [
+            InputShare(query.round_id, self.name, j, RawFloat().encoding_for(flat), self.data.records(), layout,
+                       seed=p.seed, vector=p.vector)
+            for j, p in enumerate(payloads)
+        ]
+        return shares, entries
 
     def share(
         self,
@@ -94,14 +226,22 @@ class Site:
         records: int | None,
         *,
         seeds: Mapping[int, bytes] | None = None,
+        kinds: Mapping[str, str] | None = None,
+        saturate: bool = False,
     ) -> list[InputShare]:
         """Encode and split `values` (the output of `query`) into one share per aggregator.
 
         The split's seeds come from the operating system unless `seeds` is given
         (aggregator index -> seed, every index but the holder's): a restarted
-        deployed site passes the seeds it logged to re-create identical shares."""
-        layout, flat = flatten(values)
+        deployed site passes the seeds it logged to re-create identical shares.
+        With `saturate`, values beyond the fixed-point range are clipped to it
+        instead of refused, so that whether a round succeeds never depends on
+        the data (the plan chose a precision that fits public bounds)."""
+        layout, flat = flatten(values, kinds)
         codec = FixedPoint(query.frac_bits, max_sites=self.n_sites)
+        if saturate:
+            limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
+            flat = np.clip(flat, -limit, limit)
         encoding = codec.encoding_for(flat)
         try:
             out = None if self.buffers is None else self.buffers.take(flat.size)
@@ -117,17 +257,32 @@ class Site:
             for j, p in enumerate(payloads)
         ]
 
-    def answer_dp(self, query: Query) -> DPRelease:
-        """Run by the Site: the values of a query the protocol declares DP-protected."""
-        self.check_query(query)
-        spec, result = run_site_query(self.data, query.name, query.params)
-        if spec.release != "dp":
-            raise SiteQueryError(f"site {self.name!r}: query {query.name!r} is not declared DP-protected")
-        layout, flat = flatten(result.values)
-        return DPRelease(query.round_id, self.name, layout, flat.astype(np.float64))
+    # -- releases coming back -----------------------------------------------------------
 
-    def receive(self, value: PublicValue) -> None:
-        """Store a public value the analyst broadcast."""
-        if value.study != self.study:
-            raise MessageError(f"site {self.name!r}: public value for study {value.study!r}")
-        self.data.public[value.name] = np.asarray(value.value)
+    def receive_release(self, shares: list[AggregateShare] | list[ForwardedShares]) -> None:
+        """Take a round's release from the aggregators' shares into this site's copy of the run.
+
+        Run by the Site: it combines the shares itself (it learns the same total
+        the analyst does), so the analyst cannot feed it a forged one.
+        """
+        if not shares:
+            return
+        number = shares[0].round_id.number
+        answered = self.answered.get(number)
+        if answered is None or any(s.round_id != answered.query.round_id for s in shares):
+            raise MessageError(f"site {self.name!r}: a release for round {number}, which this site did not answer")
+        if isinstance(shares[0], ForwardedShares):
+            release = combine_forwarded(shares, self.scheme)  # type: ignore[arg-type]
+            contributors = tuple(shares[0].contributors)
+            records = shares[0].records
+        else:
+            release = combine(shares, self.scheme)  # type: ignore[arg-type]
+            contributors, records = release.contributors, release.records
+        if answered.step == 0:
+            self.runs.on_join_release(answered.run, contributors, records)
+        else:
+            info = self.runs.info(answered.run)
+            if info is not None and tuple(contributors) != info.contributors:
+                raise PolicyError(f"site {self.name!r}: a release of run {answered.run!r} over another set of sites")
+            self.runs.on_release(answered.run, answered.step, release)
+        del self.answered[number]

@@ -1,11 +1,13 @@
 """The analyst's study interface, and its embedded (one-process) implementation.
 
-The statistics layer talks only to `Study`: run a named, whitelisted site query
-with public parameters and get the secure total; broadcast a public value to
-the sites; collect the values a protocol declares differentially private. The
-embedded study below runs every party in this process through the same round
-state machine and messages as a deployed study, so statistics code gives the
-same numbers in both.
+The statistics layer talks only to `Study`: `run` a declared analysis (its
+plan; see `plans`), which moves one round at a time through `aggregate` (a
+secure sum) or `release_dp` (a per-site DP release). Those two are the whole
+transport: an analyst may call them with any query and parameters it likes,
+and every site refuses whatever is not the next step of a run it joined, under
+the study's `Policy`. The embedded study below runs every party in this process
+through the same round state machine and messages as a deployed study, so
+statistics code gives the same numbers in both.
 """
 
 from __future__ import annotations
@@ -16,55 +18,68 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .errors import SiteQueryError
+from .analyst import Totals
+from .errors import ConfigError, PolicyError, SiteQueryError
+from .ledger import Ledger
+from .policy import DPPolicy, Policy
 from .queries import SiteData, lookup
 
-
-class Totals(dict):
-    """Secure totals of one query: name -> summed array, plus public round metadata.
-
-    ``records`` is the total record count behind the totals and ``contributors``
-    the agreed set of sites they were summed over.
-    """
-
-    def __init__(self, values: Mapping[str, np.ndarray], records: int, contributors: tuple[str, ...]):
-        super().__init__(values)
-        self.records = int(records)
-        self.contributors = tuple(contributors)
+__all__ = ["LocalStudy", "Study", "Totals", "site_noise_rng"]
 
 
 class Study(abc.ABC):
     """What the analyst can ask of a federation of sites (embedded or deployed)."""
 
     sites: tuple[str, ...]
-    privacy_level: int
-    min_sites: int
+    policy: Policy
+
+    @property
+    def privacy_level(self) -> int:
+        return self.policy.privacy_level
+
+    @property
+    def min_sites(self) -> int:
+        return self.policy.min_sites
+
+    def run(self, analysis: str, **args: Any) -> Any:
+        """Run the declared analysis `analysis` (a registered plan) with `args`; return its result."""
+        from .plans import run_analysis
+
+        return run_analysis(self, analysis, args)
 
     @abc.abstractmethod
     def aggregate(
         self, query: str, params: Mapping[str, Any] | None = None, *, frac_bits: int | None = None
     ) -> Totals:
-        """Run site query `query` with public `params` at every site; return the secure totals.
+        """One secure-sum round of site query `query` with public `params`; the secure totals.
 
-        `frac_bits` sets the fixed-point precision of float outputs (default: the
-        study's codec). Raises `PrivacyError` when the round would cover fewer
-        than `min_sites` sites or `privacy_level` records.
+        Sites answer only a round that is the next step of a run they joined
+        (`run`); anything else is refused with `PolicyError`. `frac_bits` sets
+        the fixed-point precision of float outputs (default: the study's codec).
         """
 
     @abc.abstractmethod
     def release_dp(self, query: str, params: Mapping[str, Any] | None = None) -> dict[str, dict[str, np.ndarray]]:
-        """Run a query declared ``release="dp"`` at every site; site -> its DP-protected arrays."""
+        """One per-site round of a query declared ``release="dp"``; site -> its released arrays."""
 
-    @abc.abstractmethod
     def broadcast(self, name: str, value: Any) -> None:
-        """Send a public value to every site, where queries read it as ``site.public_value(name)``."""
+        """Refused: the analyst cannot send values to the sites.
+
+        Every public parameter of a round is derived by each site from the
+        policy, the run's declared arguments and the releases it received from
+        the aggregators; a value the analyst chose could turn a sum into a probe.
+        """
+        raise PolicyError(
+            "the analyst cannot send values to the sites: every public parameter of a round is derived by the "
+            "sites from the policy, the run's declared arguments and the earlier releases of the run"
+        )
 
     @staticmethod
     def local(data: Mapping[str, Mapping[str, Any]], **options: Any) -> "LocalStudy":
         """An embedded study: every site, aggregator and the analyst in this process.
 
         `data` maps site name -> {array name -> array}; `options` are those of
-        `LocalStudy` (n_aggregators, privacy_level, min_sites, seed, scheme, frac_bits).
+        `LocalStudy` (policy, n_aggregators, privacy_level, min_sites, seed, scheme, ...).
         """
         return LocalStudy(data, **options)
 
@@ -77,60 +92,92 @@ def site_noise_rng(seed: int | None, site: str) -> np.random.Generator:
     return np.random.default_rng([int(seed), site_key])
 
 
-class LocalStudy(Study):
-    """The embedded study: sites hold their arrays here; sums go through a `LocalFederation`.
+def local_policy(policy: Policy | None, **overrides: Any) -> Policy:
+    """The embedded study's policy: `policy` (default `Policy()`) with the keyword shortcuts applied."""
+    base = policy or Policy()
+    changes = {k: v for k, v in overrides.items() if v is not None}
+    if "dp" in changes and isinstance(changes["dp"], Mapping):
+        changes["dp"] = DPPolicy(**changes["dp"])
+    if policy is not None:
+        clash = [k for k, v in changes.items() if getattr(policy, k) != v]
+        if clash:
+            raise ConfigError(f"give {', '.join(clash)} in the policy or as keywords, not both differently")
+    return base.replace(**changes) if changes else base
 
-    `seed` seeds the sites' DP noise only (share randomness always comes from the
-    operating system); ``scheme="plaintext"`` runs the non-private baseline.
+
+class LocalStudy(Study):
+    """The embedded study: sites hold their arrays, policy and ledger here; rounds go through a `LocalFederation`.
+
+    `policy` is the sites' privacy policy (default `Policy()`: q = 5, two sites
+    at least, no DP release until a ``dp`` section is given, no non-private
+    mode). The keywords `privacy_level`, `min_sites`, `allow_non_private`,
+    `allow_dropouts` and `dp` (a `DPPolicy` or its dict) are shortcuts for
+    the policy's fields; ``allow_non_private=True`` is the researcher's explicit
+    non-private simulation mode, and every result then says so. `seed` seeds
+    the sites' DP noise only (share randomness always comes from the operating
+    system); ``scheme="plaintext"`` runs the non-private trusted-host baseline.
     """
 
     def __init__(
         self,
         data: Mapping[str, Mapping[str, Any]],
         *,
-        n_aggregators: int = 2,
-        privacy_level: int = 5,
-        min_sites: int = 2,
+        policy: Policy | None = None,
+        n_aggregators: int | None = None,
+        privacy_level: int | None = None,
+        min_sites: int | None = None,
+        allow_non_private: bool | None = None,
+        allow_dropouts: bool | None = None,
+        dp: DPPolicy | Mapping[str, Any] | None = None,
         seed: int | None = None,
         scheme: str = "additive",
         frac_bits: int = 32,
         study_id: str = "local-study",
+        transcripts: bool = True,
     ):
         from .federation import LocalFederation
 
+        self.policy = local_policy(policy, privacy_level=privacy_level, min_sites=min_sites,
+                                   allow_non_private=allow_non_private, allow_dropouts=allow_dropouts, dp=dp)
         self.sites = tuple(data)
-        self.privacy_level = int(privacy_level)
-        self.min_sites = int(min_sites)
-        self.site_data = {
-            name: SiteData(
-                name=name,
-                arrays={k: np.asarray(v) for k, v in arrays.items()},
-                rng=site_noise_rng(seed, name),
-                privacy_level=int(privacy_level),
-                allow_non_private=True,
-            )
-            for name, arrays in data.items()
-        }
+        self.scheme = scheme
         self.federation = LocalFederation(
             self.sites,
             n_aggregators=n_aggregators,
-            min_sites=min_sites,
-            privacy_level=privacy_level,
+            min_sites=self.policy.min_sites,
+            privacy_level=self.policy.privacy_level,
+            allow_dropouts=self.policy.allow_dropouts,
             scheme=scheme,
             frac_bits=frac_bits,
             study_id=study_id,
+            transcripts=transcripts,
         )
+        self.site_objects = {
+            name: self.federation.site(
+                SiteData(name=name, arrays={k: np.asarray(v) for k, v in arrays.items()}, rng=site_noise_rng(seed, name)),
+                policy=self.policy,
+                ledger=Ledger(self.policy, name),
+            )
+            for name, arrays in data.items()
+        }
+
+    @property
+    def site_data(self) -> dict[str, SiteData]:
+        return {name: site.data for name, site in self.site_objects.items()}
+
+    def ledger(self, site: str) -> Ledger:
+        """Site `site`'s ledger (its releases and budget)."""
+        return self.site_objects[site].ledger
 
     def aggregate(self, query, params=None, *, frac_bits=None) -> Totals:
-        return self.federation.run_query(self.site_data, query, params, frac_bits=frac_bits)
+        if lookup(query).release != "secure":
+            raise SiteQueryError(f"query {query!r} is a per-site (DP) release; use release_dp()")
+        return self.federation.run_query(self.site_objects, query, params, frac_bits=frac_bits)
 
     def release_dp(self, query, params=None):
         if lookup(query).release != "dp":
             raise SiteQueryError(f"query {query!r} is not declared differentially private; use aggregate()")
-        return self.federation.collect_dp(self.site_data, query, params)
-
-    def broadcast(self, name, value) -> None:
-        self.federation.broadcast(self.site_data, name, value)
+        return self.federation.collect_dp(self.site_objects, query, params)
 
     def transcript(self, party: str):
         """What `party` received (see `LocalFederation.transcript`)."""

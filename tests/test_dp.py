@@ -22,6 +22,8 @@ from secagg_roc.dp import (
     privacy_profile,
     recommended_privacy,
 )
+from secagg_roc import Policy, PolicyError
+from secagg_roc.analyst import combine
 from secagg_roc.queries import SiteData, run_site_query
 from secagg_roc.study import Study
 
@@ -129,7 +131,8 @@ def _sensitivity_study(seed=3, sizes=(60, 45, 70)):
         X = np.column_stack([rng.normal(50, 10, n), rng.integers(0, 2, n)])
         s = 1 / (1 + np.exp(-(0.03 * (X[:, 0] - 50) + 0.4 * X[:, 1])))
         data[f"site{k}"] = {"X": X, "score": s, "y": (rng.uniform(size=n) < s).astype(int)}
-    return Study.local(data, seed=seed), data
+    policy = Policy(analyses=("sensitivity", "rocglm"))
+    return Study.local(data, policy=policy, seed=seed), data
 
 
 def test_distributed_l2_sensitivity_equals_brute_force_over_sites():
@@ -160,27 +163,42 @@ def test_sensitivity_warns_when_no_direct_neighbours():
 
 def test_sensitivity_totals_reveal_only_cell_counts():
     study, _ = _sensitivity_study()
-    tot = study.aggregate(
-        "dp.l1_min_distance",
-        {"covariates": ["X"], "score": "score", "n_breaks": 58, "categorical": [1], "score_range": [0, 1], "max_distance": 64},
-    )
-    counts = np.asarray(tot["count"])
-    assert counts.dtype.kind == "i" and counts.sum() == 3  # one entry per site, nothing else
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SensitivityWarning)
+        l2_sensitivity(study, "X", "score", n_breaks=58, categorical=[1])
+    released = [e.message for e in study.transcript("analyst") if e.kind == "AggregateShare"]
+    totals = [combine([a, b], study.federation.scheme) for a, b in zip(released[::2], released[1::2])]
+    assert [t.contributors for t in totals] == [("site0", "site1", "site2")] * 3  # join, distances, gaps
+    for t in totals[1:]:
+        counts = np.asarray(t["count"])
+        assert counts.dtype.kind == "i" and counts.sum() == 3  # one entry per site, nothing else
+
+
+def test_sensitivity_is_an_analysis_the_policy_must_list():
+    _, data = _sensitivity_study()
+    with pytest.raises(PolicyError, match="'sensitivity' is not allowed"):
+        l2_sensitivity(Study.local(data), "X", "score")
+    study, _ = _sensitivity_study()
+    with pytest.raises(PolicyError, match="may not be used as a covariate"):
+        l2_sensitivity(Study.local(data, policy=Policy(analyses=("sensitivity",), roles={"covariate": ["Z"],
+                       "score": ["score"]})), "X", "score")
+    assert study.policy.sensitivity_resolution == 1e-4
 
 
 def test_dp_release_is_noisy_clipped_sorted_and_split_by_class():
     rng = np.random.default_rng(0)
     y = np.tile([0, 1], 500)
     s = rng.uniform(size=1000)
-    site = SiteData("one", {"y": y, "score": s}, rng=np.random.default_rng(1), allow_non_private=True)
-    params = {"label": "y", "score": "score", "epsilon": 0.3, "delta": 0.4, "l2_sensitivity": 0.016, "privacy_level": 5}
+    site = SiteData("one", {"y": y, "score": s}, rng=np.random.default_rng(1))
+    sigma = classic_sigma(0.016, 0.3, 0.4)
+    params = {"label": "y", "score": "score", "sigma": sigma, "score_range": [0.0, 1.0]}
     _, res = run_site_query(site, "rocglm.scores", params)
     neg, pos = res.values["negative"], res.values["positive"]
     # Same generator state as the site: exact scores + N(0, sigma^2) noise, clipped to [0, 1], sorted per class.
-    sigma = classic_sigma(0.016, 0.3, 0.4)
     expected = np.clip(s + np.random.default_rng(1).normal(0.0, sigma, s.size), 0.0, 1.0)
     np.testing.assert_array_equal(neg, np.sort(expected[y == 0]))
     np.testing.assert_array_equal(pos, np.sort(expected[y == 1]))
     assert neg.min() >= 0 and pos.max() <= 1 and (neg == 0).any() | (pos == 1).any()
-    _, exact = run_site_query(site, "rocglm.scores", {"label": "y", "score": "score", "non_private": True})
+    _, exact = run_site_query(site, "rocglm.scores", {"label": "y", "score": "score", "non_private": True,
+                                                      "score_range": [0.0, 1.0]})
     np.testing.assert_array_equal(exact.values["negative"], np.sort(s[y == 0]))

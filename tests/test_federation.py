@@ -107,7 +107,7 @@ def test_combine_refuses_shares_over_different_contributors():
         combine([a, b], scheme)
     with pytest.raises(sr.CombineError, match="aggregators"):
         combine([a, a], scheme)
-    with pytest.raises(sr.CombineError, match="one aggregate share"):
+    with pytest.raises(sr.CombineError, match="one share from each"):
         combine([a], scheme)
 
 
@@ -127,15 +127,16 @@ def test_reserved_and_duplicate_site_names():
         sr.LocalFederation(["a", "a"])
 
 
-def test_study_runs_whitelisted_queries_only():
-    study = sr.Study.local({"a": {"x": np.arange(3)}, "b": {"x": np.arange(4)}}, privacy_level=5)
-    totals = study.aggregate("sum", {"array": "x"})
-    assert totals["sum"].tolist() == [0 + 1 + 2 + 0 + 1 + 2 + 3] and totals.records == 7
-    assert totals.contributors == ("a", "b")
+def test_study_answers_only_whitelisted_queries_in_a_run():
+    y = np.array([0, 1, 1, 0, 1, 0])
+    study = sr.Study.local({"a": {"y": y, "score": y / 2}, "b": {"y": y, "score": y / 3}}, privacy_level=5)
     with pytest.raises(sr.SiteQueryError, match="unknown site query"):
         study.aggregate("dump_all_records", {})
+    with pytest.raises(sr.PolicyError, match="not a round of a run"):
+        study.aggregate("calibration.brier", {"label": "y", "score": "score", "score_range": [0.0, 1.0]})
     with pytest.raises(sr.SiteQueryError, match="no array named 'z'"):
-        study.aggregate("sum", {"array": "z"})
+        sr.brier_score(study, "y", "z")
+    assert sr.brier_score(study, "y", "score") == pytest.approx(np.mean(np.r_[(y / 2 - y) ** 2, (y / 3 - y) ** 2]))
 
 
 def test_recycled_buffers_never_change_a_result():

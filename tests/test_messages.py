@@ -12,18 +12,17 @@ from secagg_roc.messages import (
     VERSION,
     AggregateShare,
     CloseRound,
-    DPRelease,
     ErrorReply,
+    ForwardedShares,
     InputShare,
     Message,
-    PublicValue,
     Query,
     RoundId,
     RoundStatus,
     StatusRequest,
     decode,
 )
-from secagg_roc.ring import INTEGER, Encoding
+from secagg_roc.ring import INTEGER, RAW_FLOAT, Encoding
 
 RID = RoundId("study-1", 7, hashlib.sha256(b"q").digest())
 LAYOUT = (("info", (2, 2), False), ("n", (1,), True))
@@ -39,8 +38,10 @@ def examples() -> list[Message]:
         RoundStatus(RID, ("site-a", "site-b"), True),
         CloseRound(RID, ("site-a", "site-b")),
         AggregateShare(RID, 1, ("site-a", "site-b"), 240, Encoding(32, False), LAYOUT, VEC),
-        PublicValue("study-1", "survivor_neg", np.linspace(0, 1, 7)),
-        DPRelease(RID, "site-a", (("scores", (3,), False),), np.array([0.1, 0.5, 0.9])),
+        ForwardedShares(RID, 0, ("site-a", "site-b"), 40, (
+            InputShare(RID, "site-a", 0, RAW_FLOAT, 20, (("scores", (3,), False),), vector=VEC[:3]),
+            InputShare(RID, "site-b", 0, RAW_FLOAT, 20, (("scores", (2,), False),), seed=bytes(16)),
+        )),
         ErrorReply("RoundError", "round 7 is closed; share from 'site-a' refused"),
     ]
 
@@ -52,6 +53,8 @@ def same(a: Message, b: Message) -> bool:
         if hasattr(a, attr) and getattr(a, attr) is not None:
             if not np.array_equal(getattr(a, attr), getattr(b, attr)):
                 return False
+    if isinstance(a, ForwardedShares):
+        return len(a.shares) == len(b.shares) and all(same(x, y) for x, y in zip(a.shares, b.shares))
     return True
 
 
@@ -109,8 +112,8 @@ def test_mutated_messages_raise_only_message_error_or_decode(msg, data):
     [
         (b"", "truncated"),
         (b"XYZ\x01\x01", "magic"),
-        (b"SRM\x02\x01", "version"),
-        (b"SRM\x01\xee", "unknown message kind"),
+        (b"SRM\x01\x01", "version"),
+        (b"SRM\x02\xee", "unknown message kind"),
         (StatusRequest(RID).encode() + b"\x00", "unexpected bytes"),
         (StatusRequest(RID).encode()[:-3], "truncated"),
     ],
@@ -121,12 +124,23 @@ def test_clear_errors(data, problem):
 
 
 def test_shape_that_claims_more_bytes_than_present():
-    raw = bytearray(PublicValue("s", "v", np.zeros(4)).encode())
+    raw = bytearray(AggregateShare(RID, 0, ("a", "b"), 9, INTEGER, (("v", (4,), True),), np.zeros(4, np.uint64)).encode())
     # the last dimension field precedes 32 bytes of data: claim 2^40 elements
     dim_at = len(raw) - 32 - 8
     raw[dim_at : dim_at + 8] = (2**40).to_bytes(8, "little")
     with pytest.raises(MessageError, match="needs"):
         decode(bytes(raw))
+
+
+def test_forwarded_shares_must_list_the_contributors_in_order():
+    good = examples()[7]
+    assert isinstance(good, ForwardedShares)
+    swapped = ForwardedShares(RID, 0, ("site-b", "site-a"), 40, good.shares)
+    with pytest.raises(MessageError, match="list the contributors in order"):
+        decode(swapped.encode())
+    short = ForwardedShares(RID, 0, ("site-a",), 40, good.shares)
+    with pytest.raises(MessageError, match="2 forwarded shares for 1 contributors"):
+        decode(short.encode())
 
 
 def test_invalid_identifiers_are_refused_at_construction():

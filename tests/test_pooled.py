@@ -95,7 +95,7 @@ def test_brier_equals_sklearn():
 def test_calibration_curve_bins_right_closed_and_suppresses():
     y = np.array([0, 1, 1, 0, 1, 1, 1, 0, 0, 1])
     p = np.array([0.0, 0.1, 0.2, 0.2, 0.3, 0.55, 0.6, 0.6, 0.61, 1.0])
-    c = pooled.calibration_curve(y, p, n_bins=5, privacy_level=3)
+    c = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3)
     # bins: [0, .2] -> 4 records, (.2, .4] -> 1, (.4, .6] -> 3, (.6, .8] -> 1, (.8, 1] -> 1
     assert c.released.tolist() == [True, False, True, False, False]
     assert c.count[0] == 4 and c.count[2] == 3
@@ -104,6 +104,12 @@ def test_calibration_curve_bins_right_closed_and_suppresses():
     assert [s["bin"] for s in c.suppressed] == [1, 3, 4]
     manual = (4 * abs(0.125 - 0.5) + 3 * abs((0.55 + 0.6 + 0.6) / 3 - 2 / 3)) / 7
     assert c.ece == pytest.approx(manual)
+    # Per site: the first five records at one site, the rest at another; cells below 3 are left out.
+    by_site = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3, sites=[0] * 5 + [1] * 5)
+    assert by_site.released.tolist() == [True, False, True, False, False]  # site 0: 4 in bin 0; site 1: 3 in bin 2
+    assert by_site.count[0] == 4 and by_site.count[2] == 3
+    none = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3, sites=[0, 1] * 5)
+    assert not none.released[0]  # bin 0's four records are split 2 + 2
 
 
 @pytest.mark.parametrize("family, link", [("logit", None), ("probit", sm.families.links.Probit())])

@@ -70,18 +70,26 @@ def test_the_check_would_catch_an_unlisted_message():
     assert ("aggregator", "site", "AggregateShare") not in allowed(spec)
 
 
-def test_rocglm_analysis_messages_are_all_listed():
-    spec = load("distributed-rocglm")
+@pytest.mark.parametrize("name", ["distributed-rocglm", "declared-analysis"])
+def test_analysis_messages_are_all_listed(name):
+    spec = load(name)
     rng = np.random.default_rng(3)
     data = {}
     for i, n in enumerate((40, 35, 50)):
         y = rng.integers(0, 2, n)
         data[f"h{i}"] = {"y": y, "score": np.clip(0.3 * y + 0.7 * rng.random(n), 0, 1)}
-    study = sr.Study.local(data, n_aggregators=2, privacy_level=5, seed=1)
-    sr.roc_glm(study, label="y", score="score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
-    sr.calibration_curve(study, label="y", score="score", n_bins=5)
+        data[f"h{i}"]["x"] = rng.normal(size=n)
+    policy = sr.Policy(dp=sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016), analyses=(
+        "rocglm", "brier", "calibration", "glm", "sensitivity"))
+    study = sr.Study.local(data, n_aggregators=2, policy=policy, seed=1, transcripts=True)
+    sr.roc_glm(study, label="y", score="score")
+    sr.calibration_curve(study, label="y", score="score")
+    sr.brier_score(study, label="y", score="score")
+    sr.fit_glm(study, "y", "x")
+    sr.dp.l2_sensitivity(study, "x", "score")
     fed = study.federation
     received = seen(fed)
-    assert ("site", "analyst", "DPRelease") in received and ("analyst", "site", "PublicValue") in received
+    assert ("aggregator", "analyst", "ForwardedShares") in received and ("aggregator", "site", "ForwardedShares") in received
+    assert not any(sender == "site" and receiver == "analyst" for sender, receiver, _ in received)
     unlisted = received - allowed(spec)
     assert not unlisted, f"unlisted messages: {sorted(unlisted)}"

@@ -17,3 +17,4 @@ def test_quick_start_runs(capsys):
     lo, auc, hi = namespace["sr"].pooled.delong_ci(namespace["y"], namespace["s"])
     assert (round(lo, 4), round(auc, 4), round(hi, 4)) == (0.6301, 0.7314, 0.8326)
     assert namespace["total"].tolist() == [4.5, 1.5]
+    assert "Sites: h0, h1, h2" in out and "1 DP release(s)" in out

@@ -12,8 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from secagg_roc import pooled
-from secagg_roc.dp import recommended_privacy
+from secagg_roc import DPPolicy, Policy, PolicyError, pooled
 from secagg_roc.stats import NonPrivateWarning, binormal_auc, roc_glm
 from secagg_roc.stats.rocglm import resolve_thresholds
 from secagg_roc.stats.survival import default_thresholds
@@ -22,13 +21,18 @@ from secagg_roc.study import Study
 TOL = 1e-9
 
 
-def _study(y, s, sizes, seed=0, **arrays):
+#: The paper's setting: (0.3, 0.4) for an l2-sensitivity of 0.016; a budget for a few releases.
+PAPER_DP = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=3.0, budget_delta=0.9)
+
+
+def _study(y, s, sizes, seed=0, policy=None, **arrays):
     bounds = np.cumsum([0, *sizes])
     data = {
         f"site{k}": {"y": y[a:b], "score": s[a:b], **{n: v[a:b] for n, v in arrays.items()}}
         for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
     }
-    return Study.local(data, privacy_level=5, seed=seed)
+    policy = policy or Policy(privacy_level=5, dp=PAPER_DP, allow_non_private=True)
+    return Study.local(data, policy=policy, seed=seed)
 
 
 @st.composite
@@ -153,39 +157,24 @@ def test_non_private_mode_is_labelled_everywhere():
     assert d["privacy"] is None
 
 
-def test_auto_privacy_uses_the_recommendation_and_needs_a_sensitivity():
+def test_privacy_comes_from_the_policy_and_the_analyst_may_only_add_noise():
     y, s, sizes = _dp_setup()
-    st_ = _study(y, s, sizes)
-    with pytest.raises(ValueError, match="l2-sensitivity"):
-        roc_glm(st_, "y", "score")
-    got = roc_glm(st_, "y", "score", l2_sensitivity=0.04)
-    assert (got.privacy["epsilon"], got.privacy["delta"]) == recommended_privacy(0.04) == (0.5, 0.3)
-    assert got.privacy["recommended"] is True
+    study = _study(y, s, sizes)
+    got = roc_glm(study, "y", "score")  # "auto": the policy's per-release parameters
+    assert (got.privacy["epsilon"], got.privacy["delta"], got.privacy["l2_sensitivity"]) == (0.3, 0.4, 0.016)
+    more_noise = roc_glm(study, "y", "score", epsilon=0.2, delta=0.1, l2_sensitivity=0.02)
+    assert more_noise.privacy["sigma"] > got.privacy["sigma"]
+    for less_noise in ({"epsilon": 0.31, "delta": 0.4}, {"epsilon": 0.3, "delta": 0.5},
+                       {"l2_sensitivity": 0.015}, {"epsilon": 1e10, "delta": 0.4}, {"l2_sensitivity": 1e-12}):
+        with pytest.raises(PolicyError, match="policy"):
+            roc_glm(study, "y", "score", **less_noise)
     with pytest.raises(ValueError, match="delta is required"):
-        roc_glm(st_, "y", "score", epsilon=0.3, l2_sensitivity=0.01)
-
-
-def test_auto_privacy_can_estimate_the_sensitivity_from_covariates():
-    rng = np.random.default_rng(8)
-    n = 240
-    X = rng.integers(0, 6, size=(n, 2)).astype(float)
-    s = 1 / (1 + np.exp(-(0.05 * X[:, 0] - 0.03 * X[:, 1] - 0.1)))  # the model sees covariates only
-    y = (rng.uniform(size=n) < s).astype(int)
-    study = _study(y, s, [80, 80, 80], X=X)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # adjacent inputs exist and the sensitivity is small: no warning
-        got = roc_glm(study, "y", "score", covariates="X", n_breaks=6)
-    sens = got.privacy["sensitivity"]
-    assert sens["l1_distance"] == 1 and sens["n_breaks"] == 6
-    # Brute force: largest score gap over record pairs one unit apart in one covariate, within a site.
-    top = 0.0
-    for k in range(3):
-        Xk, sk = X[80 * k : 80 * (k + 1)], s[80 * k : 80 * (k + 1)]
-        dist = np.abs(Xk[:, None, :] - Xk[None, :, :]).sum(axis=2)
-        top = max(top, np.abs(sk[:, None] - sk[None, :])[dist == 1].max())
-    assert top <= sens["value"] < top + 1e-4
-    assert got.privacy["l2_sensitivity"] == pytest.approx(sens["value"])
-    assert (got.privacy["epsilon"], got.privacy["delta"]) == recommended_privacy(sens["value"])
+        roc_glm(study, "y", "score", epsilon=0.3)
+    no_dp = _study(y, s, sizes, policy=Policy())
+    with pytest.raises(PolicyError, match="no differentially private release"):
+        roc_glm(no_dp, "y", "score")
+    with pytest.raises(PolicyError, match="non-private validation mode"):
+        roc_glm(no_dp, "y", "score", epsilon=None)
 
 
 def test_test_of_auc_lower_bound_is_consistent_with_the_ci():
@@ -199,18 +188,24 @@ def test_test_of_auc_lower_bound_is_consistent_with_the_ci():
     assert "H0: AUC <= 0.5" in repr(got.test(0.5))
 
 
-def test_user_thresholds_and_grid_size():
+def test_threshold_grid_and_score_range_are_the_policys():
     assert resolve_thresholds(12).size == 10
     np.testing.assert_allclose(resolve_thresholds([0.5, 0.1, 0.9]), [0.1, 0.5, 0.9])
     with pytest.raises(ValueError, match="strictly between 0 and 1"):
         resolve_thresholds([0.0, 0.5])
     y, s, sizes = _dp_setup()
+    study = _study(y, s, sizes, policy=Policy(rocglm_thresholds=21, allow_non_private=True))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", NonPrivateWarning)
-        got = roc_glm(_study(y, s, sizes), "y", "score", epsilon=None, thresholds=np.linspace(0.05, 0.95, 19))
-    ref = pooled.roc_glm(y, s, thresholds=np.linspace(0.05, 0.95, 19))
+        got = roc_glm(study, "y", "score", epsilon=None)
+        assert roc_glm(study, "y", "score", epsilon=None, thresholds=21, score_range=(0, 1)).auc == got.auc
+    ref = pooled.roc_glm(y, s, thresholds=21)
     assert got.thresholds.size == 19
     assert got.auc == pytest.approx(ref.auc, abs=TOL)
+    with pytest.raises(PolicyError, match="rocglm_thresholds = 21"):
+        roc_glm(study, "y", "score", epsilon=None, thresholds=30)
+    with pytest.raises(PolicyError, match="score range is fixed"):
+        roc_glm(study, "y", "score", epsilon=None, score_range=(0.0, 0.5))
 
 
 def test_roc_curve_and_plot(tmp_path):

@@ -19,7 +19,7 @@ SITES = ("s0", "s1", "s2", "s3", "s4")
 D = 3
 
 
-def make_query(number=0, name="sum", study="st", frac_bits=32):
+def make_query(number=0, name="secure_sum", study="st", frac_bits=32):
     rid = RoundId(study, number, query_digest(study, name, {}, frac_bits))
     return Query(rid, name, "{}", frac_bits)
 
@@ -100,7 +100,7 @@ class RoundMachine(RuleBasedStateMachine):
         assert len(agreed) >= 2 and records >= 5
         if self.release is not None:
             assert self.release[0] == agreed  # never a second, different release
-        total = combine(shares, self.scheme).values["v"]
+        total = combine(shares, self.scheme)["v"]
         expect = sum((self.model[s][0] for s in agreed), np.zeros(D, np.int64))
         np.testing.assert_array_equal(total, expect)
         self.release = (agreed, total)

@@ -1,11 +1,16 @@
-"""Every site-query error path: a clear SiteQueryError naming the site and the problem."""
+"""Every site-data error path: a clear SiteQueryError naming the site and the problem, never a value.
+
+Data checks run when a run starts (the site does not join) and never per round; parameter errors of
+the site queries themselves are checked by running them directly at one site.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from secagg_roc.errors import PrivacyError, SiteQueryError
+from secagg_roc import DPPolicy
+from secagg_roc.errors import PolicyError, PrivacyError, SiteQueryError
 from secagg_roc.queries import SiteData, run_site_query
 from secagg_roc.stats import brier_score, calibration_curve, fit_glm, roc_glm
 from secagg_roc.study import Study
@@ -21,14 +26,16 @@ def _study(bad: dict[str, np.ndarray] | None = None, *, q: int = 5) -> Study:
     data = {"alpha": _good(20, 1), "beta": _good(20, 2)}
     if bad is not None:
         data["gamma"] = {**_good(20, 3), **bad}
-    return Study.local(data, privacy_level=q, seed=0)
+    return Study.local(data, privacy_level=q, seed=0, dp=DP, allow_non_private=True)
 
+
+DP = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
 
 # Every statistics entry point reads labels and scores through the same checks.
 ENTRY_POINTS = {
-    "roc_glm": lambda st: roc_glm(st, "y", "score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016),
+    "roc_glm": lambda st: roc_glm(st, "y", "score"),
     "brier": lambda st: brier_score(st, "y", "score"),
-    "calibration": lambda st: calibration_curve(st, "y", "score", n_bins=5),
+    "calibration": lambda st: calibration_curve(st, "y", "score"),
     "glm": lambda st: fit_glm(st, "y", "X"),
 }
 
@@ -38,7 +45,9 @@ def test_wrong_label_values_name_site_and_count_but_not_the_values(entry):
     y = np.tile([0, 7], 10)
     with pytest.raises(SiteQueryError, match=r"site 'gamma'.*only 0 and 1; 10 record\(s\) have other values") as err:
         ENTRY_POINTS[entry](_study({"y": y}))
-    assert "7" not in str(err.value)  # the text leaves the site: no record values in it
+    text = str(err.value)
+    assert "7" not in text.split("checks:")[1].split("(and so")[0]  # the text leaves the site: no record values
+    assert "does not take part in run" in text and "did not join" in text
 
 
 @pytest.mark.parametrize("entry", ["roc_glm", "brier", "calibration"])
@@ -58,44 +67,52 @@ def test_nan_labels_are_refused():
 
 @pytest.mark.parametrize("entry", ["roc_glm", "brier", "calibration"])
 def test_mismatched_lengths_are_refused(entry):
-    with pytest.raises(SiteQueryError, match=r"site 'gamma'.*19 entries but the labels have 20"):
+    with pytest.raises(SiteQueryError, match=r"site 'gamma'.*lengths differ \(score: 19, y: 20\)"):
         ENTRY_POINTS[entry](_study({"score": _good(19, 3)["score"]}))
 
 
 def test_mismatched_covariate_length_is_refused():
-    with pytest.raises(SiteQueryError, match=r"site 'gamma'.*mismatched lengths"):
+    with pytest.raises(SiteQueryError, match=r"site 'gamma'.*lengths differ \(X: 7, y: 20\)"):
         fit_glm(_study({"X": np.zeros((7, 2))}), "y", "X")
 
 
 @pytest.mark.parametrize("entry", sorted(ENTRY_POINTS))
 def test_unknown_array_name_lists_what_the_site_has(entry):
-    st = Study.local({"alpha": _good(20, 1), "beta": _good(20, 2)}, seed=0)
+    st = Study.local({"alpha": _good(20, 1), "beta": _good(20, 2)}, seed=0, allow_non_private=True)
     call = {
         "roc_glm": lambda: roc_glm(st, "label", "score", epsilon=None),
         "brier": lambda: brier_score(st, "y", "prob"),
         "calibration": lambda: calibration_curve(st, "y", "prob"),
         "glm": lambda: fit_glm(st, "y", "Z"),
     }[entry]
-    with pytest.raises(SiteQueryError, match=r"site 'alpha': no array named '(label|prob|Z)' \(it has: X, score, y\)"):
+    with pytest.raises(SiteQueryError, match=r"site 'alpha'.*no array named '(label|prob|Z)' \(it has: X, score, y\)"):
         call()
 
 
-def test_probabilities_outside_unit_interval_are_refused_where_required():
+def test_scores_outside_the_policy_range_are_clipped_never_refused():
+    # A refusal would tell the analyst that some score lies outside the range; clipping tells nothing.
     s = _good(20, 3)["score"]
-    s[0] = 1.5
-    with pytest.raises(SiteQueryError, match=r"site 'gamma'.*probabilities in \[0, 1\]"):
-        brier_score(_study({"score": s}), "y", "score")
-    with pytest.raises(SiteQueryError, match=r"site 'gamma'.*outside the declared score range"):
-        roc_glm(_study({"score": s}), "y", "score", epsilon=None)
+    s[0], s[1] = 1.5, -3.0
+    clipped = np.clip(s, 0.0, 1.0)
+    assert brier_score(_study({"score": s}), "y", "score") == pytest.approx(brier_score(_study({"score": clipped}), "y", "score"))
+    with pytest.warns(Warning):
+        a = roc_glm(_study({"score": s}), "y", "score", epsilon=None)
+        b = roc_glm(_study({"score": clipped}), "y", "score", epsilon=None)
+    assert a.auc == b.auc
 
 
-def test_site_below_q_refuses_its_per_site_dp_release():
+def test_a_site_below_q_does_not_join_per_site_releases():
     # Secure totals are fine (q applies to totals), but noisy scores leave each site on their own.
     data = {"alpha": _good(20, 1), "beta": _good(20, 2), "tiny": _good(3, 3)}
-    st = Study.local(data, privacy_level=5, seed=0)
-    assert brier_score(st, "y", "score") > 0
-    with pytest.raises(SiteQueryError, match=r"site 'tiny': has 3 record\(s\), fewer than the privacy level q=5"):
-        roc_glm(st, "y", "score", epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
+    st = Study.local(data, privacy_level=5, seed=0, dp=DP)
+    assert brier_score(st, "y", "score") > 0 and brier_score(st, "y", "score").contributors == tuple(data)
+    with pytest.raises(SiteQueryError, match=r"site 'tiny' does not take part.*fewer records than q = 5"):
+        roc_glm(st, "y", "score")
+    # A policy that allows dropouts runs without it, and the result names its sites.
+    lenient = Study.local(data, privacy_level=5, seed=0, dp=DP, allow_dropouts=True)
+    got = roc_glm(lenient, "y", "score")
+    assert got.contributors == ("alpha", "beta") and got.n_negative + got.n_positive == 40
+    assert "Sites: alpha, beta" in repr(got)
 
 
 def test_total_below_q_is_refused_by_the_round():
@@ -104,20 +121,12 @@ def test_total_below_q_is_refused_by_the_round():
         brier_score(st, "y", "score")
 
 
-def test_site_policy_q_overrides_a_smaller_q_from_the_analyst():
-    site = SiteData("strict", {"y": np.array([0, 1, 0, 1, 1, 0]), "score": np.linspace(0.1, 0.9, 6)})
-    site.privacy_level = 10  # the site's own policy
-    params = {"label": "y", "score": "score", "non_private": True, "privacy_level": 2}
-    with pytest.raises(SiteQueryError, match=r"site 'strict'.*q=10"):
-        run_site_query(site, "rocglm.scores", params)
-
-
 # -- parameter validation, run directly at one site ------------------------------------------
 
 
 def _site() -> SiteData:
     d = _good(12, 4)
-    return SiteData("solo", d, rng=np.random.default_rng(0), allow_non_private=True)
+    return SiteData("solo", d, rng=np.random.default_rng(0))
 
 
 @pytest.mark.parametrize(
@@ -126,18 +135,11 @@ def _site() -> SiteData:
         ("rocglm.counts", {"score": "score"}, "parameter 'label' is missing"),
         ("rocglm.counts", {"label": 3, "score": "score"}, "parameter 'label' has type int"),
         ("rocglm.counts", {"label": "y", "score": "score", "score_range": [1, 0]}, "score_range"),
-        ("rocglm.scores", {"label": "y", "score": "score"}, "parameter 'l2_sensitivity' is missing"),
-        (
-            "rocglm.scores",
-            {"label": "y", "score": "score", "epsilon": 0.3, "delta": 1.5, "l2_sensitivity": 0.01},
-            "delta must lie strictly between 0 and 1",
-        ),
-        (
-            "rocglm.scores",
-            {"label": "y", "score": "score", "non_private": True, "epsilon": 0.3},
-            "must not carry privacy parameters",
-        ),
-        ("rocglm.placement_sums", {"label": "y", "score": "score"}, "'rocglm.negatives' was not broadcast"),
+        ("rocglm.counts", {"label": "y", "score": "score"}, "parameter 'score_range' is missing"),
+        ("rocglm.scores", {"label": "y", "score": "score", "score_range": [0, 1]}, "parameter 'sigma' is missing"),
+        ("rocglm.scores", {"label": "y", "score": "score", "score_range": [0, 1], "sigma": -1.0}, "sigma must be"),
+        ("rocglm.placement_sums", {"label": "y", "score": "score", "score_range": [0, 1]},
+         "derived no value 'rocglm.negatives'"),
         ("glm.fisher", {"design": {"kind": "nope"}}, "unknown GLM design 'nope'"),
         ("glm.fisher", {"design": "y"}, "must be an object"),
         ("glm.fisher", {"design": {"kind": "arrays", "y": "y"}, "family": "cauchit"}, "family must be"),
@@ -147,15 +149,20 @@ def _site() -> SiteData:
             {"design": {"kind": "arrays", "y": "y", "X": ["X"]}, "beta": [0, 0, 0], "scale": [1.0, 0.0]},
             "positive scales",
         ),
-        ("glm.moments", {"design": {"kind": "arrays", "y": "y", "weights": "score_neg"}}, "no array named 'score_neg'"),
-        ("calibration.bin_counts", {"label": "y", "score": "score", "n_bins": 0}, "n_bins must be between"),
-        ("calibration.bin_sums", {"label": "y", "score": "score", "n_bins": 4, "released": [7]}, "bin indices"),
+        ("glm.means", {"design": {"kind": "arrays", "y": "y", "weights": "score_neg"}}, "no array named 'score_neg'"),
+        ("glm.ssd", {"design": {"kind": "arrays", "y": "y", "X": ["X"]}, "center": [0.0]}, "center must be 2"),
+        ("calibration.bins", {"label": "y", "score": "score", "n_bins": 0, "min_cell": 1, "score_range": [0, 1]},
+         "n_bins must be between"),
+        ("calibration.bins", {"label": "y", "score": "score", "n_bins": 4, "score_range": [0, 1]},
+         "parameter 'min_cell' is missing"),
         (
             "dp.l2_gap",
-            {"score": "score", "covariates": ["X"], "n_breaks": 3, "l1_distance": 1, "resolution": 0.0},
+            {"score": "score", "covariates": ["X"], "n_breaks": 3, "l1_distance": 1, "resolution": 0.0,
+             "score_range": [0, 1]},
             "resolution must be positive",
         ),
-        ("dp.l1_min_distance", {"score": "score", "covariates": 5, "n_breaks": 3, "max_distance": 8}, "covariates must be"),
+        ("dp.l1_min_distance", {"score": "score", "covariates": 5, "n_breaks": 3, "max_distance": 8,
+                                "score_range": [0, 1]}, "covariates must be"),
         ("no.such.query", {}, "unknown site query 'no.such.query'"),
     ],
 )
@@ -168,13 +175,13 @@ def test_negative_weights_are_refused():
     site = _site()
     site.arrays["w"] = -np.ones(12)
     with pytest.raises(SiteQueryError, match=r"site 'solo'.*weight array 'w' must be finite and non-negative"):
-        run_site_query(site, "glm.moments", {"design": {"kind": "arrays", "y": "y", "weights": "w"}})
+        run_site_query(site, "glm.means", {"design": {"kind": "arrays", "y": "y", "weights": "w"}})
 
 
 def test_rocglm_thresholds_must_be_inside_unit_interval():
     site = _site()
     site.public["rocglm.negatives"] = np.array([0.1, 0.2, 0.3])
-    design = {"kind": "rocglm", "label": "y", "score": "score", "thresholds": [0.0, 0.5]}
+    design = {"kind": "rocglm", "label": "y", "score": "score", "thresholds": [0.0, 0.5], "score_range": [0, 1]}
     with pytest.raises(SiteQueryError, match="strictly between 0 and 1"):
         run_site_query(site, "glm.fisher", {"design": design, "family": "probit", "beta": [0, 0]})
 
@@ -189,8 +196,11 @@ def test_errors_do_not_leak_record_values():
     assert not any(f"{v:.4f}" in text for v in s[np.isfinite(s)])
 
 
-def test_non_private_mode_needs_the_site_policy():
-    site = SiteData("careful", {"y": np.array([0, 1] * 5), "score": np.linspace(0.05, 0.95, 10)})
-    assert site.allow_non_private is False  # secure by default
-    with pytest.raises(SiteQueryError, match="site 'careful'.*does not allow the non-private"):
-        run_site_query(site, "rocglm.scores", {"label": "y", "score": "score", "non_private": True})
+def test_non_private_mode_needs_the_policy_and_the_sites_consent():
+    data = {"a": _good(20, 1), "b": _good(20, 2)}
+    with pytest.raises(PolicyError, match="non-private validation mode"):
+        roc_glm(Study.local(data), "y", "score", epsilon=None)
+    study = Study.local(data, allow_non_private=True)
+    study.site_objects["b"].allow_non_private = False  # the site's operator has not consented
+    with pytest.raises(PolicyError, match="site 'b': its operator does not allow the non-private"):
+        roc_glm(study, "y", "score", epsilon=None)

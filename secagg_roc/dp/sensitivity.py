@@ -13,7 +13,7 @@ and how it is done here:
 * The l2-sensitivity is the largest score difference |f(x) - f(x')| over
   adjacent pairs, maximised over the sites that have pairs at that distance.
 
-Combining without revealing records (run by the Analyst, over secure sums):
+Combining without revealing records (the ``sensitivity`` plan, over secure sums):
 round 1 totals the sites' one-hot vectors of their smallest positive distance,
 so the analyst learns the global minimum d* but not which site has it; round 2
 totals one-hot vectors of each site's largest score gap at distance d*,
@@ -160,58 +160,18 @@ def l2_sensitivity(
     *,
     n_breaks: int | None = None,
     categorical: Sequence[int] = (),
-    score_range: tuple[float, float] = (0.0, 1.0),
-    resolution: float = 1e-4,
     max_distance: int = 64,
 ) -> L2Sensitivity:
-    """l2-sensitivity of `score` over adjacent covariate inputs, combined over all sites (run by the Analyst).
+    """l2-sensitivity of `score` over adjacent covariate inputs, combined over the sites (run by the Analyst).
 
-    Three secure rounds: the record total (for the default ``n_breaks = N // 3``),
-    the sites' smallest positive l1 distances, and their largest score gaps at
-    the global smallest distance on a grid of step `resolution`.
+    Runs the study's ``sensitivity`` plan (which its policy must allow; see
+    `stats.sensitivity`): three secure rounds, the record total (for the
+    default ``n_breaks = N // 3``), the sites' smallest positive l1 distances,
+    and their largest score gaps at the global smallest distance on the
+    policy's grid. The estimate informs the choice of the policy's
+    ``dp.l2_sensitivity``; it never sets a release's noise by itself.
     """
-    cov = [covariates] if isinstance(covariates, str) else list(covariates)
-    lo, hi = float(score_range[0]), float(score_range[1])
-    if not (resolution > 0 and (hi - lo) / resolution <= 1_000_000):
-        raise ValueError("resolution must be positive and give at most 1e6 grid cells over the score range")
-    if n_breaks is None:
-        total = study.aggregate("dp.record_count", {"score": score})
-        n_breaks = max(1, int(total["n"][0]) // 3)
-    common = {
-        "covariates": cov,
-        "score": score,
-        "n_breaks": int(n_breaks),
-        "categorical": [int(c) for c in categorical],
-        "score_range": [lo, hi],
-    }
-    dist = study.aggregate("dp.l1_min_distance", {**common, "max_distance": int(max_distance)})["count"]
-    found = np.nonzero(np.asarray(dist)[1:] > 0)[0]
-    if found.size == 0:
-        raise ValueError(
-            f"no site has two records within l1 distance {max_distance} of each other in the histogram "
-            f"representation with {n_breaks} breaks; decrease n_breaks"
-        )
-    d_star = int(found[0]) + 1
-    if d_star > 1:
-        warnings.warn(
-            f"no adjacent inputs (l1 distance 1) found; the closest inputs are at l1 distance {d_star}",
-            SensitivityWarning,
-            stacklevel=2,
-        )
-    cells = np.asarray(
-        study.aggregate("dp.l2_gap", {**common, "l1_distance": d_star, "resolution": float(resolution)})["count"]
-    )
-    occupied = np.nonzero(cells > 0)[0]
-    top = int(occupied[-1]) if occupied.size else 0
-    if top == 0:
-        raise ValueError(
-            f"no reasonable l2-sensitivity found (all adjacent inputs have equal scores); "
-            f"try fewer breaks (current n_breaks = {n_breaks})"
-        )
-    return L2Sensitivity(
-        value=top * float(resolution),
-        l1_distance=d_star,
-        n_breaks=int(n_breaks),
-        resolution=float(resolution),
-        sites_with_pairs=int(cells[1:].sum()),
-    )
+    from ..stats.sensitivity import SENSITIVITY, run_sensitivity
+
+    return run_sensitivity(study, {"covariates": covariates, "score": score, "n_breaks": n_breaks,
+                                   "categorical": list(categorical), "max_distance": max_distance}, SENSITIVITY)

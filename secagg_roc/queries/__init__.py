@@ -7,14 +7,14 @@ from .registry import (
     SiteQuery,
     canonical_params,
     lookup,
+    quantity_digest,
     query_digest,
     run_site_query,
     site_query,
 )
 
 # Built-in queries register themselves on import.
-from . import basic  # noqa: E402,F401
-from . import calibration, glm, roc, sensitivity  # noqa: E402,F401
+from . import calibration, glm, roc, run, sensitivity  # noqa: E402,F401
 
 __all__ = [
     "QUERIES",
@@ -23,6 +23,7 @@ __all__ = [
     "SiteQuery",
     "canonical_params",
     "lookup",
+    "quantity_digest",
     "query_digest",
     "run_site_query",
     "site_query",

@@ -1,10 +1,13 @@
 """Site queries of the Brier score and the calibration curve (run by each Site).
 
-The calibration curve takes two rounds. First every site sends its per-bin
-record counts; the analyst sees only their totals and releases a bin when its
-total count reaches the privacy level q. Then every site sends per-bin sums of
-predictions and labels *for the released bins only*, zeros elsewhere, so the
-sums of a suppressed bin are never summed, let alone reconstructed.
+The calibration curve is one round. Every site computes, for each of the
+policy's equidistant bins, its record count and its sums of predictions and
+labels, and *withholds its own cell* (sends zeros for it) when the cell holds
+fewer than the policy's ``min_cell_count`` records: DataSHIELD's
+``nfilter.tab`` applied at each site, as the paper's implementation applies q.
+Every released bin total is therefore 0 or at least ``min_cell_count``, and
+no record of a small cell is ever summed, let alone reconstructed. Withholding
+is not a refusal: the analyst cannot tell an empty cell from a withheld one.
 """
 
 from __future__ import annotations
@@ -25,34 +28,26 @@ def _n_bins(site: SiteData, params: dict[str, Any]) -> int:
     return n_bins
 
 
-@site_query("calibration.brier")
+@site_query("calibration.brier", outputs={"sse": "float"})
 def brier_parts(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Sum of squared differences between predicted probability and label."""
-    y, p = labels_scores(site, params, probability=True)
+    y, p = labels_scores(site, params)
     return QueryResult({"sse": np.array([np.sum((p - y) ** 2)])}, records=int(y.size))
 
 
-@site_query("calibration.bin_counts")
-def bin_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Number of records per equidistant probability bin."""
-    y, p = labels_scores(site, params, probability=True)
-    n_bins = _n_bins(site, params)
-    counts = np.bincount(bin_index(p, n_bins), minlength=n_bins).astype(np.int64)
-    return QueryResult({"count": counts}, records=int(y.size))
-
-
-@site_query("calibration.bin_sums")
+@site_query("calibration.bins", outputs={"count": "int", "sum_pred": "float", "sum_label": "float"})
 def bin_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Per-bin sums of predictions and of labels, for the released bins only (zeros elsewhere)."""
-    y, p = labels_scores(site, params, probability=True)
+    """Per-bin record counts and sums of predictions and labels; cells below ``min_cell`` are withheld."""
+    y, p = labels_scores(site, params)
     n_bins = _n_bins(site, params)
-    released = params.get("released")
-    if not isinstance(released, list) or not all(isinstance(b, int) and 0 <= b < n_bins for b in released):
-        raise site.fail(f"'released' must be a list of bin indices in 0..{n_bins - 1}")
+    min_cell = param(site, params, "min_cell", int)
     idx = bin_index(p, n_bins)
-    keep = np.isin(idx, released)
-    # bincount returns integers when nothing is counted: fix the dtype, or this site's
-    # output layout would differ from the others' and the round would refuse it.
-    sum_pred = np.bincount(idx[keep], weights=p[keep], minlength=n_bins).astype(np.float64)
-    sum_label = np.bincount(idx[keep], weights=y[keep], minlength=n_bins).astype(np.float64)
-    return QueryResult({"sum_pred": sum_pred, "sum_label": sum_label}, records=int(y.size))
+    count = np.bincount(idx, minlength=n_bins)
+    keep = count >= min_cell
+    sum_pred = np.bincount(idx, weights=p, minlength=n_bins)
+    sum_label = np.bincount(idx, weights=y, minlength=n_bins)
+    return QueryResult(
+        {"count": np.where(keep, count, 0), "sum_pred": np.where(keep, sum_pred, 0.0),
+         "sum_label": np.where(keep, sum_label, 0.0)},
+        records=int(y.size),
+    )

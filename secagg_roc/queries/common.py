@@ -44,8 +44,8 @@ def labels(site: SiteData, name: str) -> np.ndarray:
     return raw.astype(np.int64)
 
 
-def scores(site: SiteData, name: str, *, probability: bool, n: int | None = None) -> np.ndarray:
-    """The named score vector as float64: finite, of length `n`, in [0, 1] if `probability`."""
+def scores(site: SiteData, name: str, *, n: int | None = None) -> np.ndarray:
+    """The named score vector as float64: finite and of length `n` (checked when a run starts)."""
     raw = np.asarray(site.array(name))
     if raw.ndim != 1:
         raise site.fail(f"score array {name!r} must be one-dimensional, got shape {raw.shape}")
@@ -56,33 +56,34 @@ def scores(site: SiteData, name: str, *, probability: bool, n: int | None = None
         raise site.fail(f"score array {name!r} contains {int(np.sum(~np.isfinite(s)))} NaN or infinite value(s)")
     if n is not None and s.size != n:
         raise site.fail(f"score array {name!r} has {s.size} entries but the labels have {n}")
-    if probability and s.size and (s.min() < 0.0 or s.max() > 1.0):
-        raise site.fail(f"score array {name!r} must hold probabilities in [0, 1]")
     return s
 
 
-def labels_scores(
-    site: SiteData, params: dict[str, Any], *, probability: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """The (labels, scores) pair named by ``params["label"]`` and ``params["score"]``, checked together."""
-    y = labels(site, param(site, params, "label"))
-    s = scores(site, param(site, params, "score"), probability=probability, n=y.size)
-    return y, s
-
-
 def score_range(site: SiteData, params: dict[str, Any]) -> tuple[float, float]:
-    """The public score range ``params["score_range"]`` (default [0, 1])."""
-    lo, hi = params.get("score_range", (0.0, 1.0))
-    lo, hi = float(lo), float(hi)
+    """The public score range ``params["score_range"]`` (the policy's, as the plan passes it)."""
+    value = param(site, params, "score_range", list)
+    if len(value) != 2:
+        raise site.fail("score_range must be [lower, upper]")
+    lo, hi = float(value[0]), float(value[1])
     if not (np.isfinite(lo) and np.isfinite(hi) and lo < hi):
         raise site.fail(f"score_range must be two finite numbers, lower < upper; got {[lo, hi]}")
     return lo, hi
 
 
-def in_range(site: SiteData, s: np.ndarray, name: str, lo: float, hi: float) -> None:
-    """Refuse scores outside the declared public range (it bounds sensitivity and clipping)."""
-    if s.size and (s.min() < lo or s.max() > hi):
-        raise site.fail(f"score array {name!r} has values outside the declared score range [{lo}, {hi}]")
+def clipped_scores(site: SiteData, params: dict[str, Any], n: int | None = None) -> np.ndarray:
+    """The scores named by ``params["score"]``, clipped to the public score range.
+
+    Values outside the declared range are clipped, as DP practice does, never
+    refused: a refusal would tell the analyst something about the data.
+    """
+    lo, hi = score_range(site, params)
+    return np.clip(scores(site, param(site, params, "score"), n=n), lo, hi)
+
+
+def labels_scores(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """The (labels, clipped scores) pair named by ``params["label"]`` and ``params["score"]``."""
+    y = labels(site, param(site, params, "label"))
+    return y, clipped_scores(site, params, n=y.size)
 
 
 def reference(site: SiteData, key: str) -> np.ndarray:
@@ -122,4 +123,5 @@ def matrix(site: SiteData, names: Any, n: int | None) -> np.ndarray:
     return np.hstack(cols)
 
 
-__all__ = ["SiteQueryError", "param", "labels", "scores", "labels_scores", "score_range", "in_range", "reference", "matrix"]
+__all__ = ["SiteQueryError", "param", "labels", "scores", "score_range", "clipped_scores", "labels_scores", "reference",
+           "matrix"]

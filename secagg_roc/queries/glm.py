@@ -1,10 +1,11 @@
 """Site queries of the distributed GLM (run by each Site).
 
-The analyst fits a logit or probit model by Fisher scoring: every iteration
-each site evaluates the score vector, the Fisher information and its deviance
-contribution at the current public coefficients; only their secure totals reach
-the analyst. Before that, one round of column sums and sums of squares lets the
-analyst standardize the covariates so that the summed quantities stay well
+The GLM plan (`stats.glm`) fits a logit or probit model by Fisher scoring:
+every iteration each site evaluates the score vector, the Fisher information
+and its deviance contribution at the current coefficients (which it derived
+itself from the earlier totals); only their secure totals are released. Before
+that, two rounds (column sums, then sums of squared deviations from the public
+means) standardize the covariates so that the summed quantities stay well
 inside the fixed-point range.
 
 Which records form the model is a *design*: ``{"kind": "arrays", ...}`` reads
@@ -81,21 +82,29 @@ def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.nd
     return np.hstack([np.ones((X.shape[0], 1)), (X - center) / scale])
 
 
-@site_query("glm.moments")
-def glm_moments(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Column sums and sums of squares of the covariates (for standardization), and the row count."""
+@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float"})
+def glm_means(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """Column sums of the covariates (for centring), the row count and the sum of prior weights (for precision)."""
+    _, X, w, records = build_design(site, params)
+    return QueryResult({"sum": X.sum(axis=0), "rows": np.array([X.shape[0]]), "weight": np.array([w.sum()])},
+                       records=records)
+
+
+@site_query("glm.ssd", outputs={"ssd": "float"})
+def glm_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """Column sums of squared deviations from the public ``params["center"]`` (for scaling).
+
+    Two passes (means, then deviations) keep the sums small where one pass of
+    sums of squares would not fit the fixed-point range (covariates near 1e6).
+    """
     _, X, _, records = build_design(site, params)
-    return QueryResult(
-        {
-            "sum": X.sum(axis=0),
-            "sum_sq": (X * X).sum(axis=0),
-            "rows": np.array([X.shape[0]], dtype=np.int64),
-        },
-        records=records,
-    )
+    center = np.asarray(params.get("center", []), dtype=float)
+    if center.shape != (X.shape[1],):
+        raise site.fail(f"center must be {X.shape[1]} numbers")
+    return QueryResult({"ssd": ((X - center) ** 2).sum(axis=0)}, records=records)
 
 
-@site_query("glm.fisher")
+@site_query("glm.fisher", outputs={"score": "float", "info": "float", "deviance": "float"})
 def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Score vector, Fisher information and deviance at the public ``params["beta"]``."""
     family = params.get("family", "logit")

@@ -1,11 +1,12 @@
 """The whitelist of named site queries, and the context a query runs in.
 
 Site queries are the only code in secagg-roc that reads records. This module is
-run by each Site: the analyst names a query and sends public parameters; the
-site looks the name up here (an unknown name is refused), runs it on its own
-named arrays, and hands back a `QueryResult` whose arrays are then secret-shared
-(``release="secure"``) or, for queries a protocol declares differentially
-private, released as they are (``release="dp"``).
+run by each Site: a round of a run's plan names a query and its public
+parameters (which the site has already checked against its own copy of the
+plan); the site looks the name up here, runs it on its own named arrays, and
+hands back a `QueryResult` whose arrays are then secret-shared and summed
+(``release="secure"``) or, for per-site releases a protocol declares
+differentially private, secret-shared and forwarded unsummed (``release="dp"``).
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ Release = Literal["secure", "dp"]
 class QueryResult:
     """What a site query returns: named arrays and the number of records behind them.
 
-    Each array's dtype (integer or float) must not depend on the site's data:
-    it fixes the output layout, and a round refuses sites whose layouts differ
-    (``np.bincount`` with weights, for one, returns integers when nothing is counted).
+    The arrays' dtypes are fixed by the query's declared `outputs` (the site
+    casts them), never by the data: the output layout is public metadata.
     """
 
     values: dict[str, np.ndarray]
@@ -38,11 +38,12 @@ class QueryResult:
 
 @dataclass
 class SiteData:
-    """One site's private named arrays, the public values broadcast to it, and its noise source.
+    """One site's private named arrays, the values its current plan step derived, and its noise source.
 
-    Held by the Site only. ``public`` holds what the analyst broadcast (thresholds,
-    survivor functions); ``rng`` draws DP noise (seeded for reproducible
-    simulations, seeded from the operating system otherwise).
+    Held by the Site only. ``public`` holds what the site's own copy of a run's
+    plan derived from earlier releases (for example the pooled DP-noised scores
+    that define the survivor functions); ``rng`` draws DP noise (seeded for
+    reproducible simulations, seeded from the operating system otherwise).
     """
 
     name: str
@@ -50,12 +51,6 @@ class SiteData:
     public: dict[str, Any] = field(default_factory=dict)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     allowed_queries: frozenset[str] | None = None
-    #: The site's own privacy level: it never releases per-site values over fewer records.
-    privacy_level: int = 5
-    #: Whether this site answers the non-private validation mode (exact scores to the
-    #: analyst). Off by default; the embedded study, where everything is in one process
-    #: anyway, turns it on.
-    allow_non_private: bool = False
 
     def array(self, name: str) -> np.ndarray:
         """The site's array called `name`; a clear error if it has none."""
@@ -68,20 +63,39 @@ class SiteData:
             ) from None
 
     def public_value(self, name: str) -> Any:
-        """A value the analyst broadcast; a clear error if it was never sent."""
+        """A value the plan derived for the current step; a clear error if it has none."""
         try:
             return self.public[name]
         except KeyError:
             raise SiteQueryError(
-                f"site {self.name!r}: public value {name!r} was not broadcast to this site"
+                f"site {self.name!r}: the current plan step derived no value {name!r}"
             ) from None
+
+    def with_context(self, context: Mapping[str, Any]) -> "SiteData":
+        """The same arrays and noise source, with `context` as the step's derived values."""
+        return SiteData(self.name, self.arrays, dict(context), self.rng, self.allowed_queries)
 
     def fail(self, problem: str) -> SiteQueryError:
         """An error naming this site, for a query to raise."""
         return SiteQueryError(f"site {self.name!r}: {problem}")
 
+    def records(self) -> int:
+        """The site's number of records (rows; every array has one row per record)."""
+        sizes = {int(np.asarray(a).shape[0]) if np.ndim(a) else 1 for a in self.arrays.values()}
+        return sizes.pop() if len(sizes) == 1 else 0
+
+    def digest(self) -> str:
+        """SHA-256 over every array (name, dtype, shape, bytes): the ledger's notion of "the same data"."""
+        h = hashlib.sha256()
+        for name in sorted(self.arrays):
+            a = np.ascontiguousarray(self.arrays[name])
+            h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+            h.update(memoryview(a).cast("B") if a.size else b"")
+        return h.hexdigest()
+
 
 QueryFunc = Callable[[SiteData, dict[str, Any]], QueryResult]
+Kind = Literal["int", "float"]
 
 
 @dataclass(frozen=True)
@@ -89,18 +103,27 @@ class SiteQuery:
     name: str
     func: QueryFunc
     release: Release
+    #: output name -> "int" or "float": the layout of every answer, whatever the data.
+    outputs: Mapping[str, Kind]
 
 
 QUERIES: dict[str, SiteQuery] = {}
 
 
-def site_query(name: str, *, release: Release = "secure") -> Callable[[QueryFunc], QueryFunc]:
-    """Register `func` as the site query `name` (the whitelist the sites consult)."""
+def site_query(name: str, *, outputs: Mapping[str, Kind], release: Release = "secure") -> Callable[[QueryFunc], QueryFunc]:
+    """Register `func` as the site query `name` (the whitelist the sites consult).
+
+    `outputs` declares each output's kind; ``release="dp"`` marks per-site
+    releases (DP-noised, or exact in the non-private validation mode) that are
+    forwarded to the analyst as shares, never summed.
+    """
+    if not outputs or any(k not in ("int", "float") for k in outputs.values()):
+        raise ValueError(f"site query {name!r}: outputs must map names to 'int' or 'float'")
 
     def register(func: QueryFunc) -> QueryFunc:
         if name in QUERIES:
             raise ValueError(f"site query {name!r} is registered twice")
-        QUERIES[name] = SiteQuery(name, func, release)
+        QUERIES[name] = SiteQuery(name, func, release, dict(outputs))
         return func
 
     return register
@@ -154,14 +177,28 @@ def query_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_b
     return hashlib.sha256(blob).digest()
 
 
+def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32) -> str:
+    """What a release *is*, independent of the run it belongs to: the query digest without run and step.
+
+    Two exact releases with the same quantity digest over different contributor
+    sets could be differenced; sites' ledgers and aggregators compare them.
+    """
+    plain = {k: v for k, v in canonical_params(params).items() if k not in ("run", "step")}
+    return query_digest(study, name, plain, frac_bits).hex()
+
+
 def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None) -> tuple[SiteQuery, QueryResult]:
-    """Run by the Site: check the whitelist and the site's policy, run the query, check its output."""
+    """Run by the Site: check the whitelist, run the query, cast its outputs to their declared kinds."""
     query = lookup(name)
     if site.allowed_queries is not None and name not in site.allowed_queries:
         raise SiteQueryError(f"site {site.name!r}: query {name!r} is not allowed by this site's policy")
     result = query.func(site, canonical_params(params))
-    if not isinstance(result, QueryResult) or not result.values:
-        raise SiteQueryError(f"site {site.name!r}: query {name!r} returned no values")
+    if not isinstance(result, QueryResult) or set(result.values) != set(query.outputs):
+        raise SiteQueryError(f"site {site.name!r}: query {name!r} did not return its declared outputs")
     if int(result.records) < 0:
         raise SiteQueryError(f"site {site.name!r}: query {name!r} reported a negative record count")
-    return query, result
+    values = {
+        out: np.asarray(result.values[out], dtype=np.int64 if kind == "int" else np.float64)
+        for out, kind in query.outputs.items()
+    }
+    return query, QueryResult(values, int(result.records))

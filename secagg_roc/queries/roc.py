@@ -1,16 +1,20 @@
 """Site queries of the distributed ROC-GLM and its DeLong interval (run by each Site).
 
-Protocol (the analyst's side is `stats.rocglm`):
+Protocol (the plan is `stats.rocglm`):
 
 1. ``rocglm.counts``: numbers of negatives and positives (secure sum).
 2. ``rocglm.scores`` (``release="dp"``): each site releases its negatives' and
-   positives' scores with Gaussian noise (the site computes the noise scale from
-   the public epsilon, delta and l2-sensitivity itself, so it knows what it
-   grants), clipped to the public score range and sorted so that the order does
-   not link a value to a record. In the explicitly requested non-private
-   validation mode the exact scores are released instead.
-3. The analyst pools the released samples and broadcasts them; they define the
-   survivor functions S~0 (negatives) and S~1 (positives).
+   positives' scores with Gaussian noise N(0, sigma^2) (sigma from the policy's
+   DP rule, which the site checked), clipped to the public score range and
+   sorted so that the order does not link a value to a record. The release is
+   secret-shared and forwarded unsummed, so no single aggregator holds it; the
+   site's ledger charges it to the site's budget, or replays it on repeat. In
+   the non-private validation mode (only where the policy allows it) the exact
+   scores are released instead.
+3. The analyst and every contributing site pool the released samples
+   themselves (the sites receive them from the aggregators, not from the
+   analyst); they define the survivor functions S~0 (negatives) and S~1
+   (positives), and reach each site's queries as derived values of the step.
 4. GLM design ``"rocglm"``: each site turns its positives' placement values
    S~0(score) into the ROC-GLM's binary responses at every threshold, as
    weighted rows (y, probit(t), count); the distributed Fisher scoring of
@@ -27,79 +31,46 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
-from ..dp.gaussian import gaussian_noise, gaussian_sigma
+from ..dp.gaussian import gaussian_noise
 from ..stats.survival import check_thresholds, exceedance_counts, survivor
-from .common import in_range, labels_scores, param, reference, score_range
+from .common import labels_scores, param, reference, score_range
 from .glm import Design, design
 from .registry import QueryResult, SiteData, site_query
 
-#: Default names under which the analyst broadcasts the pooled released scores.
+#: Names of the pooled released scores among a step's derived values.
 NEGATIVES_KEY = "rocglm.negatives"
 POSITIVES_KEY = "rocglm.positives"
 
 
-@site_query("rocglm.counts")
+@site_query("rocglm.counts", outputs={"n_negative": "int", "n_positive": "int"})
 def rocglm_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Numbers of negatives and positives; also validates labels and scores."""
-    y, s = labels_scores(site, params, probability=False)
-    lo, hi = score_range(site, params)
-    in_range(site, s, params["score"], lo, hi)
+    """Numbers of negatives and positives."""
+    y, _ = labels_scores(site, params)
     n1 = int(y.sum())
     return QueryResult({"n_negative": np.array([y.size - n1]), "n_positive": np.array([n1])}, records=int(y.size))
 
 
-def _site_privacy_level(site: SiteData, params: dict[str, Any]) -> int:
-    # A site's own policy wins over what the analyst says the study's q is.
-    asked = int(params.get("privacy_level", 5))  # the design's default q when the analyst does not say
-    return max(asked, int(site.privacy_level))
-
-
-@site_query("rocglm.scores", release="dp")
+@site_query("rocglm.scores", release="dp", outputs={"negative": "float", "positive": "float"})
 def rocglm_scores(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """The site's negative and positive scores with Gaussian noise, clipped and sorted.
+    """The site's negative and positive scores with Gaussian noise N(0, sigma^2), clipped and sorted.
 
     Each record's score is released once (in the sample of its class), so one
-    Gaussian mechanism covers the whole release. With ``non_private: true`` and
-    no privacy parameters the exact scores are released: this is the explicitly
-    requested non-private validation mode and gives no protection at all.
-    A site with fewer records than the privacy level refuses: these values are
-    released per site, not as a total.
+    Gaussian mechanism covers the whole release. With ``non_private: true``
+    the exact scores are released: the non-private validation mode, which the
+    site's policy must allow and which gives no protection at all.
     """
-    y, s = labels_scores(site, params, probability=False)
+    y, s = labels_scores(site, params)
     lo, hi = score_range(site, params)
-    in_range(site, s, params["score"], lo, hi)
-    q = _site_privacy_level(site, params)
-    if y.size < q:
-        raise site.fail(
-            f"has {y.size} record(s), fewer than the privacy level q={q}; it releases no per-site scores"
-        )
     if params.get("non_private") is True:
-        if not site.allow_non_private:
-            raise site.fail("its policy does not allow the non-private validation mode (exact scores)")
-        if any(k in params for k in ("epsilon", "delta", "l2_sensitivity")):
-            raise site.fail("non_private release must not carry privacy parameters")
         noisy = s.copy()
     else:
-        try:
-            sigma = gaussian_sigma(
-                param(site, params, "l2_sensitivity", float),
-                param(site, params, "epsilon", float),
-                param(site, params, "delta", float),
-                mechanism=params.get("mechanism", "classic"),
-            )
-        except ValueError as exc:
-            raise site.fail(str(exc)) from None
+        sigma = param(site, params, "sigma", float)
+        if not (np.isfinite(sigma) and sigma > 0):
+            raise site.fail("sigma must be a positive number")
         noisy = gaussian_noise(s, sigma, site.rng, lower=lo, upper=hi)
     return QueryResult(
         {"negative": np.sort(noisy[y == 0]), "positive": np.sort(noisy[y == 1])},
         records=int(y.size),
-    )
-
-
-def _references(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    return (
-        reference(site, params.get("negatives_key", NEGATIVES_KEY)),
-        reference(site, params.get("positives_key", POSITIVES_KEY)),
     )
 
 
@@ -110,8 +81,8 @@ def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
     PV is the placement value S~0(score) of each positive under the negatives'
     pooled survivor function (strict inequality, as R's ``1 - ecdf``).
     """
-    y, s = labels_scores(site, spec, probability=False)
-    neg_ref = reference(site, spec.get("negatives_key", NEGATIVES_KEY))
+    y, s = labels_scores(site, spec)
+    neg_ref = reference(site, NEGATIVES_KEY)
     try:
         t = check_thresholds(spec.get("thresholds", []))
     except ValueError as exc:
@@ -128,19 +99,19 @@ def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
 
 def _placements(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
     """(S~1 at negatives' scores, S~0 at positives' scores, records), ties counted 1/2."""
-    y, s = labels_scores(site, params, probability=False)
-    neg_ref, pos_ref = _references(site, params)
+    y, s = labels_scores(site, params)
+    neg_ref, pos_ref = reference(site, NEGATIVES_KEY), reference(site, POSITIVES_KEY)
     return survivor(pos_ref, s[y == 0], ties="half"), survivor(neg_ref, s[y == 1], ties="half"), int(y.size)
 
 
-@site_query("rocglm.placement_sums")
+@site_query("rocglm.placement_sums", outputs={"negative": "float", "positive": "float"})
 def rocglm_placement_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Sums of the placement values of negatives (under S~1) and of positives (under S~0)."""
     pl_neg, pl_pos, records = _placements(site, params)
     return QueryResult({"negative": np.array([pl_neg.sum()]), "positive": np.array([pl_pos.sum()])}, records=records)
 
 
-@site_query("rocglm.placement_ssd")
+@site_query("rocglm.placement_ssd", outputs={"negative": "float", "positive": "float"})
 def rocglm_placement_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Sums of squared deviations of the placement values from the public means."""
     pl_neg, pl_pos, records = _placements(site, params)

@@ -12,21 +12,19 @@ from typing import Any
 import numpy as np
 
 from ..dp.sensitivity import histogram_representation, max_gap_at_distance, min_positive_distance
-from .common import in_range, matrix, param, score_range, scores
+from .common import clipped_scores, matrix, param, score_range
 from .registry import QueryResult, SiteData, site_query
 
 
-@site_query("dp.record_count")
+@site_query("dp.record_count", outputs={"n": "int"})
 def record_count(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """The number of records (length of the score vector)."""
-    s = scores(site, param(site, params, "score"), probability=False)
-    return QueryResult({"n": np.array([s.size], dtype=np.int64)}, records=int(s.size))
+    s = clipped_scores(site, params)
+    return QueryResult({"n": np.array([s.size])}, records=int(s.size))
 
 
 def _representation(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    s = scores(site, param(site, params, "score"), probability=False)
-    lo, hi = score_range(site, params)
-    in_range(site, s, params["score"], lo, hi)
+    s = clipped_scores(site, params)
     X = matrix(site, params.get("covariates"), s.size)
     n_breaks = param(site, params, "n_breaks", int)
     try:
@@ -36,7 +34,7 @@ def _representation(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray,
     return R, s
 
 
-@site_query("dp.l1_min_distance")
+@site_query("dp.l1_min_distance", outputs={"count": "int"})
 def l1_min_distance(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """One-hot of this site's smallest positive l1 distance (index 0: none within max_distance)."""
     R, s = _representation(site, params)
@@ -47,7 +45,7 @@ def l1_min_distance(site: SiteData, params: dict[str, Any]) -> QueryResult:
     return QueryResult({"count": onehot}, records=int(s.size))
 
 
-@site_query("dp.l2_gap")
+@site_query("dp.l2_gap", outputs={"count": "int"})
 def l2_gap(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """One-hot of this site's largest score gap at the given l1 distance, rounded up to the grid."""
     R, s = _representation(site, params)

@@ -1,10 +1,12 @@
-"""The statistics layer: GLM, ROC-GLM with DeLong intervals, Brier score, calibration.
+"""The statistics: each analysis is a plan (see `plans`) plus the function the analyst calls.
 
-Every function here is run by the Analyst and talks to the sites only through
-the `Study` interface (secure totals, DP releases, broadcasts).
+Every function here takes a `Study` and runs the analysis's plan on it: the
+sites check each round against their own copy of the plan and the study's
+policy, and only secure totals (or per-site DP releases) come back.
 """
 
-from .calibration import brier_score, calibration_curve
+from . import sensitivity  # noqa: F401  (registers the ``sensitivity`` plan)
+from .calibration import BrierScore, brier_score, calibration_curve
 from .glm import ConvergenceWarning, FitError, fit_glm
 from .results import AucTest, CalibrationCurve, GlmResult, NamedArray, RocGlmResult
 from .rocglm import AucAgreementWarning, NonPrivateWarning, binormal_auc, roc_glm
@@ -12,6 +14,7 @@ from .rocglm import AucAgreementWarning, NonPrivateWarning, binormal_auc, roc_gl
 __all__ = [
     "AucAgreementWarning",
     "AucTest",
+    "BrierScore",
     "CalibrationCurve",
     "ConvergenceWarning",
     "FitError",

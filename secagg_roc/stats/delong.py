@@ -8,20 +8,16 @@ positives scoring above negative j, ties 1/2) and S0(y_i) of the positives,
   back-transformed; it stays inside (0, 1).
 * `raw_ci`: ``AUC +- z sqrt(var)``, clipped to [0, 1], as pROC's ``ci.auc`` reports.
 
-`placement_moments` computes the two means and variances over the sites with a
-distributed mean followed by a distributed sum of squared deviations.
+The ROC-GLM plan (`stats.rocglm`) computes the two means and variances over
+the sites with a distributed mean followed by a distributed sum of squared
+deviations from those means.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
 
-import numpy as np
 from scipy.special import expit, ndtri
-
-if TYPE_CHECKING:
-    from ..study import Study
 
 
 def delong_variance(var_negative: float, var_positive: float, n_negative: int, n_positive: int) -> float:
@@ -48,21 +44,3 @@ def raw_ci(auc: float, var_auc: float, alpha: float = 0.05) -> tuple[float, floa
     """Raw-scale interval AUC +- z sqrt(var), clipped to [0, 1] (pROC's DeLong interval)."""
     half = _z(alpha) * math.sqrt(var_auc)
     return (max(0.0, auc - half), min(1.0, auc + half))
-
-
-def placement_moments(
-    study: "Study", params: dict[str, Any], n_negative: int, n_positive: int
-) -> tuple[float, float, float, float]:
-    """(mean, variance) of the negatives' and of the positives' placement values (run by the Analyst).
-
-    Two secure rounds: sums of placement values give the means; the sites then
-    return sums of squared deviations from those public means, which are
-    numerically stabler than sums of squares.
-    """
-    sums = study.aggregate("rocglm.placement_sums", params)
-    m_neg = float(np.asarray(sums["negative"]).reshape(-1)[0]) / n_negative
-    m_pos = float(np.asarray(sums["positive"]).reshape(-1)[0]) / n_positive
-    ssd = study.aggregate("rocglm.placement_ssd", {**params, "mean_negative": m_neg, "mean_positive": m_pos})
-    v_neg = float(np.asarray(ssd["negative"]).reshape(-1)[0]) / (n_negative - 1)
-    v_pos = float(np.asarray(ssd["positive"]).reshape(-1)[0]) / (n_positive - 1)
-    return m_neg, m_pos, max(v_neg, 0.0), max(v_pos, 0.0)

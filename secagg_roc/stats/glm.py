@@ -1,31 +1,35 @@
-"""Logit and probit GLMs by distributed Fisher scoring (run by the Analyst).
+"""Logit and probit GLMs by distributed Fisher scoring: the ``glm`` plan and `fit_glm`.
 
-Each iteration the analyst sends the current coefficients; every site returns
-its score vector, Fisher information and deviance contribution as secret
-shares (site query ``glm.fisher``); the analyst sees only the totals and takes
-the Fisher step ``beta += I^-1 U``. It stops when
+Each iteration every site evaluates its score vector, Fisher information and
+deviance contribution at the current coefficients (site query
+``glm.fisher``); only the secure totals are released, and the analyst and
+every site take the same Fisher step ``beta += I^-1 U`` from them, so each site
+knows the coefficients of the next round before it is asked. It stops when
 ``|dev - dev_old| / (|dev| + 0.1) < 1e-8`` (R's ``glm.control``) or after 25
 iterations, and reports the coefficients with the inverse Fisher information
-as covariance (see `fisher_scoring` for the final steps once the rule is met).
+as covariance (see `fisher_steps` for the final steps once the rule is met).
 
-Fixed-point range: before fitting, one secure round of column sums and sums of
-squares (at low precision, 20 fractional bits or fewer if the data need it)
-gives means and standard deviations; the fit runs on standardized covariates,
-where the summed scores and informations are of order n, at full precision
-(32 fractional bits). Fisher scoring is affine-invariant, so the iterates map
-exactly to those on the original scale; coefficients and covariance are
-transformed back at the end.
+Fixed-point range: before fitting, two secure rounds (column sums, then sums
+of squared deviations from the means) give means and standard deviations; the
+fit runs on standardized covariates, where the summed scores and informations
+are of order n. The precision of every round follows from public numbers (the
+record count of the run), never from a refusal: a site clips an output that
+would not fit. Fisher scoring is affine-invariant, so the iterates map exactly
+to those on the original scale; coefficients and covariance are transformed
+back at the end.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import EncodingError, SecAggError
+from ..errors import SecAggError
+from ..plans import PlanContext, Step, plan, run_analysis
+from ..policy import Policy
 from .families import check_family, fisher_parts
 from .results import GlmResult, NamedArray
 
@@ -38,12 +42,13 @@ TOL = 1e-8
 #: Fisher steps taken after R's rule is met, while a step still exceeds STEP_TOL.
 POLISH_STEPS = 3
 STEP_TOL = 1e-10
-#: Precisions tried, in order, for the standardization round.
-MOMENT_FRAC_BITS = (20, 12, 4, 0)
-#: Lowest precision the Fisher rounds fall back to when a site's sums are very large.
-MIN_FISHER_FRAC_BITS = 16
+#: Precision of the centring and scaling rounds (their totals need only be approximate).
+MEAN_FRAC_BITS = 16
+SSD_FRAC_BITS = 8
 
 Evaluate = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, float]]
+#: Fisher scoring as a conversation: yields coefficients, receives (score, information, deviance).
+Steps = Generator[np.ndarray, tuple[np.ndarray, np.ndarray, float], tuple[np.ndarray, np.ndarray, float, int, bool]]
 
 
 class FitError(SecAggError, ArithmeticError):
@@ -54,27 +59,20 @@ class ConvergenceWarning(UserWarning):
     """Fisher scoring stopped at the iteration limit without meeting the deviance rule."""
 
 
-def fisher_scoring(
-    evaluate: Evaluate,
-    n_coef: int,
-    *,
-    max_iter: int = MAX_ITER,
-    tol: float = TOL,
-    polish: int = POLISH_STEPS,
-) -> tuple[np.ndarray, np.ndarray, float, int, bool]:
-    """Fisher scoring from beta = 0 with R's deviance stopping rule.
+def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, polish: int = POLISH_STEPS) -> Steps:
+    """Fisher scoring from beta = 0 with R's deviance stopping rule, one evaluation at a time.
 
-    `evaluate(beta)` returns (score, information, deviance) at `beta`: a secure
-    round in the distributed fit, a local computation in the pooled one, so both
-    follow exactly the same path. Returns (beta, information, deviance,
-    iterations, converged).
+    Yields the coefficients at which to evaluate (score, information,
+    deviance) and receives them: from a secure round in the distributed plan,
+    from local arithmetic in the pooled reference, so both follow exactly the
+    same path. Returns (beta, information, deviance, iterations, converged).
 
     Convergence is R's rule, ``|dev - dev_old| / (|dev| + 0.1) < tol``. Probit
     Fisher scoring converges only linearly, and where the rule fires the
     coefficients can still be ~1e-5 from the maximum (more on the original
-    scale of covariates with large means). So once the rule is met the analyst
-    applies the Fisher step the last round's totals already determine, and
-    takes at most `polish` further steps while a step still moves a coefficient
+    scale of covariates with large means). So once the rule is met the
+    Fisher step the last totals already determine is applied, and at most
+    `polish` further steps are taken while a step still moves a coefficient
     by more than 1e-10. Deviance and information are those of the last round
     (at the final estimate they differ by far less than their fixed-point
     rounding). `iterations` counts Fisher steps; it never exceeds `max_iter`.
@@ -83,7 +81,7 @@ def fisher_scoring(
     dev_old: float | None = None
     met_at: int | None = None
     for it in range(max_iter + 1):
-        score, info, dev = evaluate(beta)
+        score, info, dev = yield beta
         if not (np.all(np.isfinite(score)) and np.all(np.isfinite(info)) and math.isfinite(dev)):
             raise FitError(f"non-finite score, information or deviance at iteration {it}")
         try:
@@ -118,6 +116,24 @@ def fisher_scoring(
     return beta, info, dev, it, False
 
 
+def fisher_scoring(
+    evaluate: Evaluate,
+    n_coef: int,
+    *,
+    max_iter: int = MAX_ITER,
+    tol: float = TOL,
+    polish: int = POLISH_STEPS,
+) -> tuple[np.ndarray, np.ndarray, float, int, bool]:
+    """`fisher_steps` driven by a local `evaluate(beta)` (the pooled reference)."""
+    steps = fisher_steps(n_coef, max_iter=max_iter, tol=tol, polish=polish)
+    try:
+        beta = next(steps)
+        while True:
+            beta = steps.send(evaluate(beta))
+    except StopIteration as done:
+        return done.value
+
+
 def inverse_information(info: np.ndarray) -> np.ndarray:
     """Covariance = inverse Fisher information (symmetrised against rounding)."""
     try:
@@ -142,25 +158,19 @@ def _coef_names(X: Sequence[str], n_cols: int, names: Sequence[str] | None) -> l
     return [INTERCEPT, *(f"x{j + 1}" for j in range(n_cols))]
 
 
-def _moments(study: "Study", design: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Column means and standard deviations over all sites (one low-precision secure round)."""
-    last: Exception | None = None
-    for fb in MOMENT_FRAC_BITS:
-        try:
-            tot = study.aggregate("glm.moments", {"design": design}, frac_bits=fb)
-            break
-        except EncodingError as exc:  # a site's sums are too large for this precision
-            last = exc
-    else:
-        raise FitError(f"covariate sums are too large to encode even without fractional bits: {last}")
-    rows = float(np.asarray(tot["rows"]).reshape(-1)[0])
-    mean = np.asarray(tot["sum"], dtype=float) / rows
-    var = np.maximum(np.asarray(tot["sum_sq"], dtype=float) / rows - mean**2, 0.0)
-    return mean, np.sqrt(var)
+def precision(max_total: float, n_sites: int) -> int:
+    """Fractional bits for a round whose totals stay below `max_total` over `n_sites` sites.
+
+    Derived from public numbers only (bounds times the run's record count), so
+    the precision of a round never depends on the data; values beyond it are
+    clipped at the site.
+    """
+    headroom = math.ceil(math.log2(max(2, int(n_sites)))) + math.ceil(math.log2(max(2.0, float(max_total))))
+    return int(max(0, min(32, 62 - headroom)))
 
 
-def fit_design(
-    study: "Study",
+def fit_design_rounds(
+    ctx: PlanContext,
     design: dict[str, Any],
     *,
     family: str,
@@ -169,12 +179,16 @@ def fit_design(
     scale: np.ndarray,
     max_iter: int = MAX_ITER,
     tol: float = TOL,
-    frac_bits: int | None = 32,
-) -> GlmResult:
-    """Fit a GLM on a site-side design (see `queries.glm`) by distributed Fisher scoring.
+    context: Mapping[str, Any] | None = None,
+    total_weight: float | None = None,
+) -> Generator[Step, Any, GlmResult]:
+    """Plan steps: fit a GLM on a site-side design (see `queries.glm`) by distributed Fisher scoring.
 
     The sites standardize covariates with the public `center` and `scale`; the
-    result is reported on the original scale.
+    result is reported on the original scale. `context` holds the derived
+    values the design reads at the sites (the ROC-GLM's reference sample).
+    `total_weight`, the released sum of the rows' prior weights (default: the
+    run's record count), bounds the totals and so sets the precision.
     """
     family = check_family(family)
     center = np.asarray(center, dtype=float).reshape(-1)
@@ -182,29 +196,25 @@ def fit_design(
     p = center.size
     if len(names) != p + 1:
         raise ValueError(f"{len(names)} coefficient names for {p + 1} coefficients")
-    records: list[int] = []
-    precision = [frac_bits]
-
-    def evaluate(b: np.ndarray):
-        params = {"design": design, "family": family, "beta": b, "center": center, "scale": scale}
+    # Scores, informations and deviances of standardized rows are a few times the total weight.
+    weight = ctx.run.records if total_weight is None else total_weight
+    frac_bits = precision(64.0 * max(1.0, float(weight)), ctx.n_sites)
+    steps = fisher_steps(p + 1, max_iter=max_iter, tol=tol)
+    records = ctx.run.records
+    try:
+        beta = next(steps)
         while True:
-            try:
-                tot = study.aggregate("glm.fisher", params, frac_bits=precision[0])
-                break
-            except EncodingError as exc:
-                # Very large sites: informations of order n outgrow 32 fractional bits; trade precision for range.
-                if precision[0] is None or precision[0] - 8 < MIN_FISHER_FRAC_BITS:
-                    raise FitError(f"Fisher scoring totals do not fit the fixed-point range: {exc}") from exc
-                precision[0] -= 8
-        records.append(tot.records)
-        k = b.size
-        return (
-            np.asarray(tot["score"], dtype=float).reshape(k),
-            np.asarray(tot["info"], dtype=float).reshape(k, k),
-            float(np.asarray(tot["deviance"]).reshape(-1)[0]),
-        )
-
-    b, info, dev, iters, ok = fisher_scoring(evaluate, p + 1, max_iter=max_iter, tol=tol)
+            params = {"design": design, "family": family, "beta": beta, "center": center, "scale": scale}
+            tot = yield Step("glm.fisher", params, frac_bits=frac_bits, context=context or {})
+            records = tot.records
+            k = beta.size
+            beta = steps.send((
+                np.asarray(tot["score"], dtype=float).reshape(k),
+                np.asarray(tot["info"], dtype=float).reshape(k, k),
+                float(np.asarray(tot["deviance"]).reshape(-1)[0]),
+            ))
+    except StopIteration as done:
+        b, info, dev, iters, ok = done.value
     # Back to the original scale: eta = b0 + sum b_j (x_j - c_j) / s_j.
     A = np.eye(p + 1)
     A[0, 1:] = -center / scale
@@ -216,9 +226,64 @@ def fit_design(
         iterations=iters,
         converged=ok,
         family=family,
-        n_records=records[-1] if records else None,
+        n_records=records,
         mode="distributed",
+        contributors=ctx.run.contributors,
     )
+
+
+def _glm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
+    y = args.get("y")
+    if not isinstance(y, str):
+        raise ValueError("the response y must be an array name")
+    X = args.get("X") or []
+    X = [X] if isinstance(X, str) else list(X)
+    if not all(isinstance(x, str) for x in X):
+        raise ValueError("covariates X must be array names")
+    weights = args.get("weights")
+    if weights is not None and not isinstance(weights, str):
+        raise ValueError("weights must be an array name")
+    names = args.get("names")
+    names = None if names is None else [str(n) for n in names]
+    max_iter, tol = args.get("max_iter", MAX_ITER), args.get("tol", TOL)
+    if isinstance(max_iter, bool) or not isinstance(max_iter, int) or not 1 <= max_iter <= 100:
+        raise ValueError(f"max_iter must be an integer in 1..100, got {max_iter!r}")
+    if not isinstance(tol, (int, float)) or not 1e-14 <= float(tol) <= 1e-2:
+        raise ValueError(f"tol must be a number in [1e-14, 1e-2], got {tol!r}")
+    return {"y": y, "X": X, "family": check_family(args.get("family", "logit")), "weights": weights,
+            "names": names, "max_iter": int(max_iter), "tol": float(tol)}
+
+
+def _glm_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
+    uses = [("label", args["y"])] + [("covariate", x) for x in args["X"]]
+    return uses + ([("weight", args["weights"])] if args.get("weights") else [])
+
+
+@plan("glm", declare=_glm_declare, uses=_glm_uses)
+def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, GlmResult]:
+    """The ``glm`` plan: centring and scaling rounds, then Fisher scoring."""
+    cov_names = args["X"]
+    design = {"kind": "arrays", "y": args["y"], "X": cov_names, "weights": args["weights"]}
+    sums = yield Step("glm.means", {"design": design}, frac_bits=MEAN_FRAC_BITS)
+    rows = float(np.asarray(sums["rows"]).reshape(-1)[0])
+    weight = float(np.asarray(sums["weight"]).reshape(-1)[0])
+    if rows <= 0:
+        raise FitError("the contributing sites hold no records")
+    if cov_names:
+        center = np.asarray(sums["sum"], dtype=float) / rows
+        ssd = yield Step("glm.ssd", {"design": design, "center": center}, frac_bits=SSD_FRAC_BITS)
+        scale = np.sqrt(np.maximum(np.asarray(ssd["ssd"], dtype=float), 0.0) / rows)
+        coef_names = _coef_names(cov_names, center.size, args["names"])
+        constant = np.nonzero(scale <= 1e-8 * np.maximum(1.0, np.abs(center)))[0]
+        if constant.size:
+            cols = ", ".join(coef_names[1 + j] for j in constant)
+            raise FitError(f"covariate column(s) {cols} are constant over all sites (collinear with the intercept)")
+    else:
+        center, scale, coef_names = np.zeros(0), np.ones(0), [INTERCEPT]
+    return (yield from fit_design_rounds(
+        ctx, design, family=args["family"], names=coef_names, center=center, scale=scale,
+        max_iter=args["max_iter"], tol=args["tol"], total_weight=weight,
+    ))
 
 
 def fit_glm(
@@ -232,29 +297,17 @@ def fit_glm(
     max_iter: int = MAX_ITER,
     tol: float = TOL,
 ) -> GlmResult:
-    """Fit ``P(y = 1) = g^-1(b0 + X b)`` (family "logit" or "probit") over all sites of `study`.
+    """Fit ``P(y = 1) = g^-1(b0 + X b)`` (family "logit" or "probit") over the sites of `study`.
 
     `y` names the 0/1 response array, `X` one or more covariate arrays (1-D or
     2-D, without an intercept column; the intercept is added and reported
     first), `weights` an optional prior-weight array, `names` optional names of
-    the covariate columns. Only secure totals of column moments, scores,
-    informations and deviances reach the analyst.
+    the covariate columns. Runs the study's ``glm`` plan: only secure totals
+    of column moments, scores, informations and deviances are released.
     """
-    cov_names = [] if X is None else ([X] if isinstance(X, str) else list(X))
-    design = {"kind": "arrays", "y": y, "X": cov_names, "weights": weights}
-    if cov_names:
-        center, scale = _moments(study, design)
-        p = center.size
-        coef_names = _coef_names(cov_names, p, names)
-        constant = np.nonzero(scale <= 1e-8 * np.maximum(1.0, np.abs(center)))[0]
-        if constant.size:
-            cols = ", ".join(coef_names[1 + j] for j in constant)
-            raise FitError(f"covariate column(s) {cols} are constant over all sites (collinear with the intercept)")
-    else:
-        center, scale, coef_names = np.zeros(0), np.ones(0), [INTERCEPT]
-    return fit_design(
-        study, design, family=family, names=coef_names, center=center, scale=scale, max_iter=max_iter, tol=tol
-    )
+    return run_analysis(study, "glm", {"y": y, "X": [] if X is None else X, "family": family, "weights": weights,
+                                       "names": None if names is None else list(names), "max_iter": max_iter,
+                                       "tol": tol})
 
 
 def fit_glm_arrays(

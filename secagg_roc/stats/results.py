@@ -74,6 +74,8 @@ class GlmResult:
     family: str
     n_records: int | None = None
     mode: str = "distributed"
+    #: The sites behind every release of the run (None for pooled references).
+    contributors: tuple[str, ...] | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -103,6 +105,7 @@ class GlmResult:
             "iterations": self.iterations,
             "converged": self.converged,
             "n_records": self.n_records,
+            "contributors": None if self.contributors is None else list(self.contributors),
         }
 
     def __repr__(self) -> str:
@@ -116,6 +119,8 @@ class GlmResult:
         for name, b, s, z, p in self.table():
             lines.append(f"  {name:{width}}  {b:11.5f} {s:11.5f} {z:9.3f} {p:10.3g}")
         lines += ["", f"  Residual deviance: {self.deviance:.4f}" + (f" on {self.n_records} records" if self.n_records else "")]
+        if self.contributors is not None:
+            lines.append(f"  Sites: {', '.join(self.contributors)}")
         return "\n".join(lines)
 
 
@@ -169,6 +174,8 @@ class RocGlmResult:
     mode: str
     privacy: dict[str, Any] | None = None
     roc_points: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    #: The sites behind every release of the run (None for pooled references).
+    contributors: tuple[str, ...] | None = None
 
     @property
     def private(self) -> bool:
@@ -212,6 +219,7 @@ class RocGlmResult:
             "thresholds": np.asarray(self.thresholds).tolist(),
             "privacy": self.privacy,
             "glm": self.glm.to_dict(),
+            "contributors": None if self.contributors is None else list(self.contributors),
         }
         return out
 
@@ -244,6 +252,7 @@ class RocGlmResult:
                 f"{len(self.thresholds)} thresholds; GLM {'converged' if self.glm.converged else 'NOT converged'} "
                 f"in {self.glm.iterations} iterations",
             ]
+            + ([f"\tSites: {', '.join(self.contributors)}"] if self.contributors is not None else [])
         )
 
     def plot(self, ax=None, *, empirical: bool = True):
@@ -258,12 +267,12 @@ class RocGlmResult:
 
 @dataclass
 class CalibrationCurve:
-    """Calibration over equidistant bins; bins whose total count is below q are suppressed.
+    """Calibration over equidistant bins; each released bin total covers at least ``min_cell_count`` records.
 
     For a released bin: ``count``, ``mean_predicted`` and ``observed`` (share of
-    positives). For a suppressed bin all three are NaN and ``suppressed`` gives
-    the reason. ``ece`` is the expected calibration error over released bins
-    (weights: their share of the released records).
+    positives). For a bin with nothing released all three are NaN and
+    ``suppressed`` says why. ``ece`` is the expected calibration error over
+    released bins (weights: their share of the released records).
     """
 
     edges: np.ndarray
@@ -276,6 +285,10 @@ class CalibrationCurve:
     ece: float
     n_records: int
     mode: str = "distributed"
+    #: The fewest records a released bin may hold (applied by each site to its own cells).
+    min_cell_count: int | None = None
+    #: The sites behind the release (None for pooled references).
+    contributors: tuple[str, ...] | None = None
 
     @property
     def n_bins(self) -> int:
@@ -301,11 +314,15 @@ class CalibrationCurve:
             "privacy_level": self.privacy_level,
             "ece": self.ece,
             "n_records": self.n_records,
+            "min_cell_count": self.min_cell_count,
+            "contributors": None if self.contributors is None else list(self.contributors),
         }
 
     def __repr__(self) -> str:
         lines = [
-            f"Calibration curve ({self.mode}, {self.n_bins} bins, q = {self.privacy_level}): "
+            f"Calibration curve ({self.mode}, {self.n_bins} bins, q = {self.privacy_level}"
+            + ("" if self.min_cell_count is None else f", min cell count = {self.min_cell_count}")
+            + "): "
             f"ECE = {self.ece:.4f}, {self.n_released_records} of {self.n_records} records in released bins",
             "",
             f"  {'bin':>15} {'count':>7} {'mean pred':>10} {'observed':>9}",
@@ -319,6 +336,8 @@ class CalibrationCurve:
             else:
                 reason = next((s["reason"] for s in self.suppressed if s["bin"] == b), "suppressed")
                 lines.append(f"  {lab:>15} {'--':>7} {'--':>10} {'--':>9}   suppressed: {reason}")
+        if self.contributors is not None:
+            lines += ["", f"  Sites: {', '.join(self.contributors)}"]
         return "\n".join(lines)
 
     def plot(self, ax=None):

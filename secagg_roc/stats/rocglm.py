@@ -1,14 +1,16 @@
-"""The distributed ROC-GLM with differentially private survivor functions (run by the Analyst).
+"""The distributed ROC-GLM with differentially private survivor functions: the ``rocglm`` plan.
 
 Steps (site side: `queries.roc`):
 
 1. secure counts of negatives and positives;
-2. the privacy parameters: the given (epsilon, delta), or the paper's
-   recommendation for the l2-sensitivity (given, or estimated over the sites
-   from the covariates, see `dp.sensitivity`);
-3. every site releases its scores with Gaussian noise (DP), split by class;
-   the analyst pools them and broadcasts the pooled samples, which define the
-   survivor functions S~0 (negatives) and S~1 (positives);
+2. the privacy parameters come from the study's policy: the analyst may ask
+   for a smaller epsilon or delta or a larger l2-sensitivity (more noise),
+   never less noise than the policy's;
+3. every site releases its scores with Gaussian noise (DP), split by class,
+   as shares the aggregators forward unsummed (each site's ledger charges the
+   release to its budget, or replays it on a repeat); the analyst and every
+   contributing site pool them into the samples that define the survivor
+   functions S~0 (negatives) and S~1 (positives);
 4. the ROC-GLM ``ROC(t) = Phi(gamma1 + gamma2 Phi^-1(t))`` is fitted as a probit
    GLM by distributed Fisher scoring on the sites' rows
    ``(I(S~0(y_i) <= t_j), Phi^-1(t_j))`` (`stats.glm`);
@@ -33,25 +35,27 @@ exists for validating the method; every output is labelled non-private.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Sequence
 
 import numpy as np
 from scipy.special import ndtr, ndtri
 
-from ..dp.gaussian import gaussian_sigma
-from ..dp.sensitivity import L2Sensitivity, l2_sensitivity as estimate_l2_sensitivity, recommended_privacy
-from .delong import delong_variance, logit_ci, placement_moments, raw_ci
-from .glm import INTERCEPT, fit_design
+from ..dp.sensitivity import L2Sensitivity
+from ..errors import PolicyError
+from ..plans import PlanContext, Step, plan, pooled_samples, run_analysis
+from ..policy import Policy
+from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
+from .delong import delong_variance, logit_ci, raw_ci
+from .glm import INTERCEPT, fit_design_rounds, precision
 from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, RocGlmResult
 from .survival import check_thresholds, default_thresholds, empirical_roc
 
 if TYPE_CHECKING:
     from ..study import Study
 
-NEGATIVES_KEY = "rocglm.negatives"
-POSITIVES_KEY = "rocglm.positives"
 GLM_NAMES = (INTERCEPT, "qnorm(t)")
 PARAM_NAMES = ("gamma1", "gamma2")
 #: Largest accepted disagreement between the integrated and the closed-form AUC.
@@ -104,6 +108,7 @@ def assemble(
     mode: str,
     privacy: dict[str, Any] | None = None,
     roc_points: tuple[np.ndarray, np.ndarray] | None = None,
+    contributors: tuple[str, ...] | None = None,
 ) -> RocGlmResult:
     """The ROC-GLM result from the fitted probit GLM and the placement moments (distributed or pooled)."""
     g1, g2 = float(glm.coef[0]), float(glm.coef[1])
@@ -130,59 +135,117 @@ def assemble(
         mode=mode,
         privacy=privacy,
         roc_points=roc_points,
+        contributors=contributors,
     )
 
 
-def _privacy(
-    study: "Study",
-    *,
-    epsilon,
-    delta,
-    l2_sensitivity,
-    covariates,
-    score: str,
-    mechanism: str,
-    score_range: tuple[float, float],
-    n_breaks: int | None,
-) -> dict[str, Any] | None:
-    """Decide the privacy parameters (run by the Analyst); None for the non-private mode."""
+def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
+    """Canonical ROC-GLM arguments: privacy parameters resolved against the policy (run by Analyst and Sites)."""
+    label, score = args.get("label"), args.get("score")
+    if not isinstance(label, str) or not isinstance(score, str):
+        raise ValueError("label and score must be array names")
+    grid = args.get("thresholds")
+    if grid is not None and grid != policy.rocglm_thresholds:
+        raise PolicyError(
+            f"policy: the ROC-GLM threshold grid is fixed by the study at rocglm_thresholds = "
+            f"{policy.rocglm_thresholds}; {grid!r} was asked for"
+        )
+    lo_hi = args.get("score_range")
+    if lo_hi is not None and [float(v) for v in lo_hi] != list(policy.score_range):
+        raise PolicyError(
+            f"policy: the score range is fixed by the study at {list(policy.score_range)}; scores outside it "
+            "are clipped"
+        )
+    alpha = float(args.get("alpha", 0.05))
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
+    out = {"label": label, "score": score, "thresholds": policy.rocglm_thresholds, "alpha": alpha}
+    mode = args.get("mode")  # present when the arguments are already canonical (a site re-declaring them)
+    if mode not in (None, "dp", "non-private"):
+        raise ValueError(f"mode must be 'dp' or 'non-private', got {mode!r}")
+    epsilon = args.get("epsilon", "auto") if mode is None else (None if mode == "non-private" else args.get("epsilon"))
     if epsilon is None:
-        if delta is not None:
-            raise ValueError("epsilon=None selects the non-private validation mode; do not pass delta")
-        return None
-    details = None
-    if l2_sensitivity is None:
-        if covariates is None:
-            raise ValueError(
-                "differential privacy needs the l2-sensitivity: pass l2_sensitivity=..., or covariates=... "
-                "to estimate it over the sites, or epsilon=None for the non-private validation mode"
-            )
-        sens = estimate_l2_sensitivity(study, covariates, score, n_breaks=n_breaks, score_range=score_range)
-        l2, details = sens.value, sens.to_dict()
-    elif isinstance(l2_sensitivity, L2Sensitivity):
-        l2, details = l2_sensitivity.value, l2_sensitivity.to_dict()
+        if any(args.get(k) is not None for k in ("delta", "l2_sensitivity")):
+            raise ValueError("epsilon=None selects the non-private validation mode; do not pass delta or l2_sensitivity")
+        policy.check_non_private()
+        return {**out, "mode": "non-private"}
+    if mode == "dp":
+        pass
+    elif epsilon == "auto":
+        if args.get("delta") is not None:
+            raise ValueError("epsilon='auto' takes (epsilon, delta) from the policy; pass both or neither")
+        epsilon = None
+    elif isinstance(epsilon, str):
+        raise ValueError(f"epsilon must be a number, 'auto' or None, got {epsilon!r}")
+    elif args.get("delta") is None:
+        raise ValueError("delta is required with a numeric epsilon")
+    l2 = args.get("l2_sensitivity")
+    request = policy.check_dp(epsilon, args.get("delta"), None if l2 is None else float(l2), args.get("mechanism"))
+    return {**out, "mode": "dp", **request.params()}
+
+
+def _rocglm_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
+    return [("label", args["label"]), ("score", args["score"])]
+
+
+def _digest(*arrays: np.ndarray) -> str:
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
+        h.update(b"|")
+    return h.hexdigest()
+
+
+@plan("rocglm", declare=_rocglm_declare, uses=_rocglm_uses, per_site=True)
+def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocGlmResult]:
+    """The ``rocglm`` plan: counts, the per-site DP release, Fisher scoring, DeLong moments."""
+    policy = ctx.policy
+    t = default_thresholds(args["thresholds"])
+    base = {"label": args["label"], "score": args["score"], "score_range": list(policy.score_range)}
+    counts = yield Step("rocglm.counts", base)
+    n0 = int(np.asarray(counts["n_negative"]).reshape(-1)[0])
+    n1 = int(np.asarray(counts["n_positive"]).reshape(-1)[0])
+    if n0 < 2 or n1 < 2:
+        raise ValueError(f"the ROC-GLM needs at least two negatives and two positives over all sites (have {n0}, {n1})")
+    private = args["mode"] == "dp"
+    if private:
+        release = {**base, **{k: args[k] for k in ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")}}
     else:
-        l2 = float(l2_sensitivity)
-    if isinstance(epsilon, str):
-        if epsilon != "auto":
-            raise ValueError(f"epsilon must be a number, 'auto' or None, got {epsilon!r}")
-        if delta is not None:
-            raise ValueError("epsilon='auto' chooses delta too; pass both or neither")
-        eps, dl = recommended_privacy(l2)
-    else:
-        if delta is None:
-            raise ValueError("delta is required with a numeric epsilon")
-        eps, dl = float(epsilon), float(delta)
-    sigma = gaussian_sigma(l2, eps, dl, mechanism=mechanism)
-    return {
-        "epsilon": eps,
-        "delta": dl,
-        "l2_sensitivity": l2,
-        "mechanism": mechanism,
-        "sigma": sigma,
-        "recommended": isinstance(epsilon, str),
-        "sensitivity": details,
-    }
+        if ctx.party == "analyst":
+            warnings.warn(NON_PRIVATE_NOTE + " (epsilon=None)", NonPrivateWarning, stacklevel=4)
+        release = {**base, "non_private": True}
+    released = yield Step("rocglm.scores", release)
+    negatives, positives = pooled_samples(released, "negative"), pooled_samples(released, "positive")
+    if negatives.size != n0 or positives.size != n1:
+        raise ValueError(
+            f"the sites released {negatives.size} negative and {positives.size} positive scores, "
+            f"but the secure counts are {n0} and {n1}"
+        )
+    # The pooled release reaches every site's queries as derived values; its digest binds them to the round.
+    context = {NEGATIVES_KEY: negatives, POSITIVES_KEY: positives}
+    reference = {**base, "reference": _digest(negatives, positives)}
+    design = {**reference, "kind": "rocglm", "thresholds": t}
+    glm = yield from fit_design_rounds(
+        ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
+        total_weight=float(n1 * t.size),
+    )
+    frac_bits = precision(2.0 * max(1, ctx.run.records), ctx.n_sites)
+    sums = yield Step("rocglm.placement_sums", reference, frac_bits=frac_bits, context=context)
+    m_neg = float(np.asarray(sums["negative"]).reshape(-1)[0]) / n0
+    m_pos = float(np.asarray(sums["positive"]).reshape(-1)[0]) / n1
+    ssd = yield Step("rocglm.placement_ssd", {**reference, "mean_negative": m_neg, "mean_positive": m_pos},
+                     frac_bits=frac_bits, context=context)
+    v_neg = max(float(np.asarray(ssd["negative"]).reshape(-1)[0]) / (n0 - 1), 0.0)
+    v_pos = max(float(np.asarray(ssd["positive"]).reshape(-1)[0]) / (n1 - 1), 0.0)
+    privacy = None
+    if private:
+        privacy = {k: args[k] for k in ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")}
+        privacy["policy_l2_sensitivity"] = policy.dp.l2_sensitivity if policy.dp else None
+    return assemble(
+        glm, t, n_negative=n0, n_positive=n1, mean_negative=m_neg, mean_positive=m_pos,
+        var_negative=v_neg, var_positive=v_pos, alpha=args["alpha"], mode="dp" if private else "non-private",
+        privacy=privacy, roc_points=empirical_roc(negatives, positives), contributors=ctx.run.contributors,
+    )
 
 
 def roc_glm(
@@ -193,81 +256,24 @@ def roc_glm(
     epsilon: float | str | None = "auto",
     delta: float | None = None,
     l2_sensitivity: float | L2Sensitivity | None = None,
-    covariates: str | Sequence[str] | None = None,
-    mechanism: str = "analytic",
-    thresholds: Sequence[float] | int | None = None,
+    mechanism: str | None = None,
+    thresholds: int | None = None,
     alpha: float = 0.05,
-    score_range: tuple[float, float] = (0.0, 1.0),
-    n_breaks: int | None = None,
+    score_range: tuple[float, float] | None = None,
 ) -> RocGlmResult:
-    """Distributed ROC-GLM of `score` for the 0/1 `label` over all sites of `study`.
+    """Distributed ROC-GLM of `score` for the 0/1 `label` over the sites of `study` (the ``rocglm`` plan).
 
-    Privacy: ``epsilon="auto"`` (default) uses the paper's recommended
-    (epsilon, delta) for the l2-sensitivity, which is either given or estimated
-    from the named `covariates`; a numeric `epsilon` needs `delta` too;
-    ``epsilon=None`` is the NON-PRIVATE validation mode (exact scores are
-    released to the analyst). `mechanism` is "analytic" (Balle & Wang, the
-    default: the same (epsilon, delta) guarantee with 5-7 times less noise) or
-    "classic" (the paper's calibration). `thresholds`: None for the paper's grid of 30
-    points of [0, 1] without the ends, an int for another grid size, or values.
+    Privacy comes from the study's policy: ``epsilon="auto"`` (default) uses
+    the policy's per-release (epsilon, delta) and l2-sensitivity; a numeric
+    `epsilon` (with `delta`), a larger `l2_sensitivity` or the "classic"
+    `mechanism` ask for more noise, which the policy allows, never less;
+    ``epsilon=None`` is the NON-PRIVATE validation mode (exact scores), which
+    the policy must allow. The threshold grid (`thresholds`, the number of
+    grid points) and `score_range` are the policy's; they may be given only
+    to state them.
     """
-    t = resolve_thresholds(thresholds)
-    lo, hi = float(score_range[0]), float(score_range[1])
-    base = {"label": label, "score": score, "score_range": [lo, hi]}
-    counts = study.aggregate("rocglm.counts", base)
-    n0 = int(np.asarray(counts["n_negative"]).reshape(-1)[0])
-    n1 = int(np.asarray(counts["n_positive"]).reshape(-1)[0])
-    if n0 < 2 or n1 < 2:
-        raise ValueError(f"the ROC-GLM needs at least two negatives and two positives over all sites (have {n0}, {n1})")
-
-    privacy = _privacy(
-        study,
-        epsilon=epsilon,
-        delta=delta,
-        l2_sensitivity=l2_sensitivity,
-        covariates=covariates,
-        score=score,
-        mechanism=mechanism,
-        score_range=(lo, hi),
-        n_breaks=n_breaks,
-    )
-    release = {**base, "privacy_level": int(study.privacy_level)}
-    if privacy is None:
-        warnings.warn(NON_PRIVATE_NOTE + " (epsilon=None)", NonPrivateWarning, stacklevel=2)
-        release["non_private"] = True
-    else:
-        release.update(
-            epsilon=privacy["epsilon"],
-            delta=privacy["delta"],
-            l2_sensitivity=privacy["l2_sensitivity"],
-            mechanism=mechanism,
-        )
-    released = study.release_dp("rocglm.scores", release)
-    negatives = np.sort(np.concatenate([np.asarray(r["negative"], dtype=float).ravel() for r in released.values()]))
-    positives = np.sort(np.concatenate([np.asarray(r["positive"], dtype=float).ravel() for r in released.values()]))
-    if negatives.size != n0 or positives.size != n1:
-        raise ValueError(
-            f"the sites released {negatives.size} negative and {positives.size} positive scores, "
-            f"but the secure counts are {n0} and {n1}"
-        )
-    study.broadcast(NEGATIVES_KEY, negatives)
-    study.broadcast(POSITIVES_KEY, positives)
-
-    design = {**base, "kind": "rocglm", "thresholds": t, "negatives_key": NEGATIVES_KEY}
-    glm = fit_design(study, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1))
-    place = {**base, "negatives_key": NEGATIVES_KEY, "positives_key": POSITIVES_KEY}
-    m_neg, m_pos, v_neg, v_pos = placement_moments(study, place, n0, n1)
-    return assemble(
-        glm,
-        t,
-        n_negative=n0,
-        n_positive=n1,
-        mean_negative=m_neg,
-        mean_positive=m_pos,
-        var_negative=v_neg,
-        var_positive=v_pos,
-        alpha=alpha,
-        mode="non-private" if privacy is None else "dp",
-        privacy=privacy,
-        roc_points=empirical_roc(negatives, positives),
-    )
+    args = {"label": label, "score": score, "epsilon": epsilon, "delta": delta, "mechanism": mechanism,
+            "l2_sensitivity": None if l2_sensitivity is None else float(l2_sensitivity),
+            "thresholds": thresholds, "alpha": alpha,
+            "score_range": None if score_range is None else [float(v) for v in score_range]}
+    return run_analysis(study, "rocglm", args)

@@ -1,0 +1,52 @@
+"""Named arrays <-> one flat vector (and back): the layout a round's shares carry.
+
+Used by each Site (flatten before encoding) and by whoever combines a release
+(the analyst, and the sites themselves: unflatten after decoding).
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .errors import SiteQueryError
+from .messages import Layout, check_name
+
+
+def flatten(values: Mapping[str, np.ndarray], kinds: Mapping[str, str] | None = None) -> tuple[Layout, np.ndarray]:
+    """Named arrays -> (layout, one flat vector).
+
+    With `kinds` (a query's declared outputs) the layout follows the
+    declaration, never the data; without it (a caller's own vectors in
+    `LocalFederation.secure_sum`) integer arrays stay integer when all are.
+    """
+    names = sorted(values)
+    arrays = [np.asarray(values[n]) for n in names]
+    for n, a in zip(names, arrays):
+        check_name(n, "output name")
+        if a.dtype.kind not in "iubf":
+            raise SiteQueryError(f"output {n!r} has dtype {a.dtype}; outputs are numbers")
+    if kinds is None:
+        integer = [a.dtype.kind in "iub" for a in arrays]
+    else:
+        integer = [kinds[n] == "int" for n in names]
+    layout = tuple((n, tuple(a.shape), i) for n, a, i in zip(names, arrays, integer))
+    dtype = np.int64 if all(integer) else np.float64
+    if len(arrays) == 1 and arrays[0].dtype == dtype and arrays[0].flags.c_contiguous:
+        return layout, arrays[0].reshape(-1)  # the common large case: no copy
+    return layout, np.concatenate([a.reshape(-1).astype(dtype, copy=False) for a in arrays])
+
+
+def unflatten(layout: Layout, vector: np.ndarray) -> dict[str, np.ndarray]:
+    """Inverse of `flatten` for decoded totals; integer entries come back as int64."""
+    out: dict[str, np.ndarray] = {}
+    pos = 0
+    for name, shape, integer in layout:
+        n = int(np.prod(shape, dtype=np.int64))
+        part = vector[pos : pos + n].reshape(shape)
+        if integer and part.dtype.kind == "f":
+            part = np.rint(part).astype(np.int64)
+        out[name] = part
+        pos += n
+    return out

@@ -1,0 +1,192 @@
+"""A site's ledger: the exact releases it took part in, its DP releases, and the budget they cost.
+
+Kept by each Site, consulted before anything leaves it, and made durable
+before the shares that carry a release are sent (the deployed site agent
+writes ledger entries and its answer in one SQLite transaction; see
+`deploy.site_agent`). Three rules live here:
+
+* **No differencing across runs.** Two exact releases over different
+  contributor sets let the analyst subtract one from the other (different
+  analyses share ingredients, so this holds across quantities too). Before
+  contributing to a release, the site forms the atoms of every contributor set
+  it has released over, plus the new one (sites grouped by which of those sets
+  they are in): each atom must hold at least ``min_sites`` sites, and two
+  nested sets must differ by at least q records. The aggregators check the
+  same over every release they made (they also see releases this site did not
+  take part in). A site whose data changed since its earlier releases refuses
+  exact releases: before and after could be differenced to reveal the change.
+* **DP releases are computed once.** A DP release is keyed by its query, its
+  privacy parameters and the site's data; a repeat replays the stored values,
+  never draws new noise (averaging repeats would otherwise remove the noise).
+* **A budget.** Each new DP release is charged (`dp.accounting.Charge`) and
+  refused if the site's total would exceed its policy's budget.
+
+Ledger entries (`LedgerEntry`) are plain JSON, so a deployed site can replay
+its database into a fresh `Ledger` after a restart: no release exists without
+its charge, and no charge is counted twice (a DP release is stored by key).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .dp.accounting import Charge, Spent, total
+from .errors import PolicyError
+from .policy import Policy
+
+
+@dataclass(frozen=True)
+class ExactRelease:
+    """One exact (secure-sum) release this site took part in."""
+
+    quantity: str  # hex digest of the query and its parameters, without the run
+    run: str
+    step: int
+    contributors: tuple[str, ...]
+    records: int  # total records of the contributor set
+    data: str  # digest of this site's data when it contributed
+
+
+@dataclass(frozen=True)
+class NoisyRelease:
+    """One per-site release: DP-noised values (with their charge) or, in non-private mode, exact ones."""
+
+    key: str
+    run: str
+    step: int
+    values: dict[str, np.ndarray]
+    charge: Charge | None  # None: the non-private validation mode (no DP, no budget)
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """What a site persists before a release leaves it: ``kind`` is "exact" or "noisy", ``body`` JSON."""
+
+    kind: str
+    body: bytes
+
+
+class Ledger:
+    """Site `site`'s ledger under `policy` (see the module docstring). Run by that Site."""
+
+    def __init__(self, policy: Policy, site: str):
+        self.policy = policy
+        self.site = site
+        self.exact: dict[str, list[ExactRelease]] = {}
+        self.noisy: dict[str, NoisyRelease] = {}
+        #: Every contributor set this site released over, with its total record count.
+        self.sets: dict[frozenset[str], int] = {}
+        self.data_digests: set[str] = set()
+
+    # -- exact releases ----------------------------------------------------------
+
+    def check_exact(self, contributors: Iterable[str], records: int, data: str) -> None:
+        """Refuse to contribute over `contributors` if it could be differenced against earlier releases (PolicyError)."""
+        new = frozenset(contributors)
+        if not self.sets:
+            return
+        if any(digest != data for digest in self.data_digests):
+            raise PolicyError(
+                f"site {self.site!r}: ledger: its data changed since its earlier releases in this study; releases "
+                "before and after the change could be differenced to reveal it (a new study id is needed)"
+            )
+        if new in self.sets:
+            return  # the same sites again: nothing new to subtract
+        sets = [*self.sets, new]
+        atoms: dict[tuple[bool, ...], int] = {}
+        for site in frozenset().union(*sets):
+            signature = tuple(site in s for s in sets)
+            atoms[signature] = atoms.get(signature, 0) + 1
+        q, m = self.policy.privacy_level, self.policy.min_sites
+        small = min(atoms.values())
+        if small < m:
+            raise PolicyError(
+                f"site {self.site!r}: ledger: an earlier release covered another set of sites; with this "
+                f"contributor set the analyst could difference out {small} site(s), fewer than min_sites = {m}"
+            )
+        for old, old_records in self.sets.items():
+            if (old < new or new < old) and abs(int(records) - old_records) < q:
+                raise PolicyError(
+                    f"site {self.site!r}: ledger: an earlier release covered a contributor set that differs by "
+                    f"{abs(int(records) - old_records)} record(s), fewer than q = {q}"
+                )
+
+    def exact_entry(self, quantity: str, run: str, step: int, contributors: Iterable[str], records: int,
+                    data: str) -> LedgerEntry:
+        """The entry recording a contribution (persist it, then `apply` it, before sending the shares)."""
+        body = {"quantity": quantity, "run": run, "step": int(step), "contributors": sorted(contributors),
+                "records": int(records), "data": data}
+        return LedgerEntry("exact", json.dumps(body, sort_keys=True).encode())
+
+    # -- per-site releases (DP or, in non-private mode, exact) ---------------------
+
+    def lookup(self, key: str) -> NoisyRelease | None:
+        """The stored release under `key`, to replay it instead of drawing new noise."""
+        return self.noisy.get(key)
+
+    def spent(self, extra: Charge | None = None) -> Spent:
+        """The site's total privacy loss so far (plus `extra`) under its policy's rule."""
+        dp = self.policy.dp
+        charges = [r.charge for r in self.noisy.values() if r.charge is not None]
+        if extra is not None:
+            charges.append(extra)
+        if dp is None:
+            return total(charges, "basic", 0.0, 0.0)
+        return total(charges, dp.accounting, dp.budget_epsilon, dp.budget_delta)
+
+    def check_charge(self, charge: Charge) -> None:
+        """Refuse a new DP release that would take the site over its budget (PolicyError)."""
+        after = self.spent(charge)
+        if not after.within_budget:
+            raise PolicyError(
+                f"site {self.site!r}: ledger: a new DP release would exceed this site's privacy budget: "
+                f"{after.describe()}"
+            )
+
+    def noisy_entry(self, key: str, run: str, step: int, values: Mapping[str, np.ndarray],
+                    charge: Charge | None) -> LedgerEntry:
+        """The entry recording a per-site release and its charge (persist, then `apply`, before sending)."""
+        body = {
+            "key": key, "run": run, "step": int(step),
+            "values": {name: np.asarray(v, dtype=np.float64).tolist() for name, v in values.items()},
+            "charge": None if charge is None else charge.to_dict(),
+        }
+        return LedgerEntry("noisy", json.dumps(body, sort_keys=True).encode())
+
+    # -- state ----------------------------------------------------------------------
+
+    def apply(self, entry: LedgerEntry) -> None:
+        """Add a persisted entry (also used to replay a database after a restart)."""
+        body: dict[str, Any] = json.loads(entry.body)
+        if entry.kind == "exact":
+            release = ExactRelease(body["quantity"], body["run"], int(body["step"]), tuple(body["contributors"]),
+                                   int(body["records"]), body["data"])
+            known = self.exact.setdefault(release.quantity, [])
+            if all((e.run, e.step) != (release.run, release.step) for e in known):
+                known.append(release)
+            key = frozenset(release.contributors)
+            self.sets[key] = min(self.sets.get(key, release.records), release.records)
+            self.data_digests.add(release.data)
+        elif entry.kind == "noisy":
+            if body["key"] in self.noisy:
+                return  # the same release again (a replayed log): charged once
+            charge = None if body["charge"] is None else Charge(**body["charge"])
+            values = {name: np.asarray(v, dtype=np.float64) for name, v in body["values"].items()}
+            self.noisy[body["key"]] = NoisyRelease(body["key"], body["run"], int(body["step"]), values, charge)
+        else:
+            raise ValueError(f"unknown ledger entry kind {entry.kind!r}")
+
+    def summary(self) -> dict[str, Any]:
+        """What this site has released, for its operator (counts and budget; no values)."""
+        spent = self.spent()
+        return {
+            "exact_quantities": len(self.exact),
+            "exact_releases": sum(len(v) for v in self.exact.values()),
+            "dp_releases": sum(1 for r in self.noisy.values() if r.charge is not None),
+            "non_private_releases": sum(1 for r in self.noisy.values() if r.charge is None),
+            "budget": spent.describe(),
+        }

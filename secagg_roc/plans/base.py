@@ -1,0 +1,149 @@
+"""Analyses as plans: deterministic sequences of rounds that every site can recompute.
+
+A plan is a generator function ``rounds(ctx, args)``: it yields one `Step` per
+round (a site query, its public parameters, and values it derived for the
+sites' queries), receives that round's release (a `study.Totals` for a
+secure sum, or site -> arrays for a per-site DP release) and finally returns
+the analysis's result. Everything a step contains is a function of the
+policy, the run's declared arguments and the releases of earlier rounds of
+the same run, nothing else. So the Analyst drives a plan to know what to ask
+(`plans.runner`), and every Site drives its own copy of the same plan, fed
+with the releases it receives from the aggregators, to check that each round
+it is asked is exactly the next step (`plans.site_runs`). The analyst chooses
+the analysis and its declared arguments; it cannot craft a round.
+
+`declare(policy, args)` validates an analysis's arguments up front and returns
+them in canonical form: the sites run it again on the arguments the analyst
+sends and refuse a run whose arguments are not already canonical. `uses(args)`
+names the arrays and their roles, which the policy must allow and the site's
+data must pass at the start of every run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generator, Mapping
+
+import numpy as np
+
+from ..errors import PolicyError
+from ..policy import Policy
+from ..queries import canonical_params, lookup
+
+
+@dataclass(frozen=True)
+class Step:
+    """One round of a plan: what every contributing site computes.
+
+    `context` holds values the plan derived from earlier releases that the
+    site's query reads (pooled reference samples); it never travels: every
+    site derives it itself, and `params` carries a digest of it where needed.
+    """
+
+    query: str
+    params: dict[str, Any]
+    frac_bits: int = 32
+    context: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", canonical_params(self.params))
+        lookup(self.query)  # a plan names registered queries only
+
+    @property
+    def release(self) -> str:
+        """"secure" (summed) or "dp" (per-site values, forwarded unsummed)."""
+        return lookup(self.query).release
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """A run as its join fixed it: the contributor set every later round must use."""
+
+    run: str
+    analysis: str
+    args: dict[str, Any]
+    contributors: tuple[str, ...]
+    records: int
+
+
+@dataclass(frozen=True)
+class PlanContext:
+    """What a plan may read besides its arguments and releases: the policy and the run."""
+
+    policy: Policy
+    run: RunInfo
+    #: Sites in the study: every site encodes for sums over this many (it sets the fixed-point range).
+    n_sites: int
+    #: "analyst" or the site's name: plans compute the same steps either way.
+    party: str = "analyst"
+
+
+Rounds = Generator[Step, Any, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A registered analysis."""
+
+    name: str
+    rounds: Callable[[PlanContext, dict[str, Any]], Rounds]
+    declare: Callable[[Policy, dict[str, Any]], dict[str, Any]]
+    uses: Callable[[dict[str, Any]], list[tuple[str, str]]]
+    #: True if the analysis releases per-site values (DP), so a site needs q records to take part.
+    per_site: bool = False
+
+
+PLANS: dict[str, Plan] = {}
+
+
+def plan(
+    name: str,
+    *,
+    declare: Callable[[Policy, dict[str, Any]], dict[str, Any]],
+    uses: Callable[[dict[str, Any]], list[tuple[str, str]]],
+    per_site: bool = False,
+) -> Callable[[Callable[..., Rounds]], Callable[..., Rounds]]:
+    """Register the generator function `rounds(ctx, args)` as the plan of analysis `name`."""
+
+    def register(rounds: Callable[..., Rounds]) -> Callable[..., Rounds]:
+        if name in PLANS:
+            raise ValueError(f"plan {name!r} is registered twice")
+        PLANS[name] = Plan(name, rounds, declare, uses, per_site)
+        return rounds
+
+    return register
+
+
+def get_plan(name: Any) -> Plan:
+    """The plan of analysis `name`; `PolicyError` for an unknown one."""
+    try:
+        return PLANS[name]
+    except (KeyError, TypeError):
+        raise PolicyError(f"unknown analysis {name!r}; known: {', '.join(sorted(PLANS))}") from None
+
+
+def declared(plan_: Plan, policy: Policy, args: Mapping[str, Any]) -> dict[str, Any]:
+    """Run by the Analyst and by each Site: the canonical arguments of a run, checked against the policy."""
+    policy.check_analysis(plan_.name)
+    canon = canonical_params(plan_.declare(policy, dict(args)))
+    policy.check_roles(plan_.uses(canon))
+    return canon
+
+
+def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int) -> str | None:
+    """Why a requested round differs from the plan's step, or None when it is exactly the step."""
+    if name != step.query:
+        return f"it asks for query {name!r}, the plan's step is {step.query!r}"
+    if int(frac_bits) != step.frac_bits:
+        return f"it asks for {frac_bits} fractional bits, the plan's step uses {step.frac_bits}"
+    got = canonical_params(params)
+    for key in sorted(set(got) | set(step.params)):
+        if got.get(key) != step.params.get(key):
+            return f"its parameter {key!r} differs from the plan's"
+    return None
+
+
+def pooled_samples(release: Mapping[str, Mapping[str, np.ndarray]], name: str) -> np.ndarray:
+    """The sorted pool of array `name` over every site of a per-site release."""
+    parts = [np.asarray(arrays[name], dtype=np.float64).ravel() for _, arrays in sorted(release.items())]
+    return np.sort(np.concatenate(parts)) if parts else np.zeros(0)

@@ -1,0 +1,58 @@
+"""Run by the Analyst: drive one run of a declared analysis through a study.
+
+A run starts with its join round (``run.join``): the analysis, its canonical
+arguments and the digest of the analyst's policy go to every site, which
+checks them against its own policy and its data, and joins by contributing a
+1. The join's release fixes the run's contributor set. Then the plan's steps
+follow one round each, every round over exactly that set; each site checks
+every round against its own copy of the plan. The analyst only chooses the
+analysis and its arguments: whatever it sends besides the plan's steps, the
+sites refuse.
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..queries.run import JOIN
+from .base import PlanContext, RunInfo, declared, get_plan
+
+if TYPE_CHECKING:
+    from ..study import Study
+
+
+def join_params(run: str, analysis: str, args: Mapping[str, Any], policy_digest: str) -> dict[str, Any]:
+    """The public parameters of a run's join round."""
+    return {"run": run, "step": 0, "analysis": analysis, "args": dict(args), "policy": policy_digest}
+
+
+def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
+    """Run declared `analysis` with `args` on `study` and return its result (run by the Analyst).
+
+    Raises `PolicyError` when the policy forbids the analysis or its
+    arguments (checked here first, then by every site), and whatever the
+    plan raises when the released totals do not allow a result.
+    """
+    plan = get_plan(analysis)
+    policy = study.policy
+    args = declared(plan, policy, args)
+    run = secrets.token_hex(8)
+    joined = study.aggregate(JOIN, join_params(run, analysis, args, policy.digest()))
+    info = RunInfo(run, analysis, args, tuple(joined.contributors), int(joined.records))
+    rounds = plan.rounds(PlanContext(policy, info, len(study.sites), "analyst"), args)
+    step_number = 0
+    try:
+        step = next(rounds)
+        while True:
+            step_number += 1
+            params = {"run": run, "step": step_number, **step.params}
+            if step.release == "dp":
+                release = study.release_dp(step.query, params)
+            else:
+                release = study.aggregate(step.query, params, frac_bits=step.frac_bits)
+            step = rounds.send(release)
+    except StopIteration as finished:
+        return finished.value
+    finally:
+        rounds.close()

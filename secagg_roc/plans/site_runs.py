@@ -1,0 +1,176 @@
+"""Run by each Site: its own copy of every run it joined, to check each round against the plan.
+
+A site joins a run only if the run's analysis and arguments are allowed by
+its policy and already canonical, the analyst's policy digest is its own, and
+its data pass the analysis's checks (and hold at least q records when the
+analysis releases per-site values). When the join's release arrives (from the
+aggregators), the site checks the contributor set against the policy and
+starts its copy of the plan; each later release moves that copy one step on.
+A round is answered only if it is exactly the next step: same query, same
+public parameters, same precision, same run, next step number.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import PolicyError, SecAggError, SiteQueryError
+from ..messages import NAME_RE
+from ..policy import Policy
+from ..queries import SiteData
+from ..queries.checks import role_problems
+from .base import Plan, PlanContext, Rounds, RunInfo, Step, declared, get_plan
+
+#: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
+MAX_OPEN_RUNS = 64
+
+
+@dataclass
+class _Run:
+    plan: Plan
+    args: dict[str, Any]
+    info: RunInfo | None = None
+    rounds: Rounds | None = None
+    step: Step | None = None  # the next step, once joined
+    number: int = 0  # its step number
+    ended: str | None = None  # why the run can take no more rounds
+
+
+class SiteRuns:
+    """The runs site `site` joined under `policy`."""
+
+    def __init__(self, site: str, policy: Policy, all_sites: tuple[str, ...]):
+        self.site = site
+        self.policy = policy
+        self.all_sites = tuple(all_sites)
+        self.runs: OrderedDict[str, _Run] = OrderedDict()
+        self.finished: set[str] = set()
+
+    # -- joining --------------------------------------------------------------------
+
+    def check_join(self, params: Mapping[str, Any], data: SiteData) -> tuple[Plan, dict[str, Any]]:
+        """The plan and arguments of a join request, if this site takes part (else PolicyError)."""
+        run, step = params.get("run"), params.get("step")
+        if not isinstance(run, str) or not NAME_RE.match(run):
+            raise PolicyError(f"site {self.site!r}: a run needs an id of 1-64 characters [A-Za-z0-9_.-]")
+        if step != 0:
+            raise PolicyError(f"site {self.site!r}: run {run!r} must start with its join round (step 0)")
+        if run in self.runs or run in self.finished:
+            raise PolicyError(f"site {self.site!r}: run {run!r} was started before; a run id is used once")
+        if params.get("policy") != self.policy.digest():
+            raise PolicyError(
+                f"site {self.site!r}: run {run!r} was declared under another policy than this site's "
+                "(the analyst's study definition differs from the sites')"
+            )
+        unknown = sorted(set(params) - {"run", "step", "analysis", "args", "policy"})
+        if unknown:
+            raise PolicyError(f"site {self.site!r}: a join request has no parameter {unknown[0]!r}")
+        plan = get_plan(params.get("analysis"))
+        args = params.get("args")
+        if not isinstance(args, dict):
+            raise PolicyError(f"site {self.site!r}: the arguments of run {run!r} must be an object")
+        try:
+            canon = declared(plan, self.policy, args)
+        except PolicyError as exc:
+            raise PolicyError(f"site {self.site!r}: {exc}") from None
+        except (ValueError, TypeError) as exc:
+            raise PolicyError(f"site {self.site!r}: invalid arguments for {plan.name!r}: {exc}") from None
+        if canon != args:
+            raise PolicyError(
+                f"site {self.site!r}: the arguments of run {run!r} are not in the canonical form the "
+                f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
+            )
+        problems = role_problems(data, plan.uses(canon))
+        if plan.per_site and data.records() < self.policy.privacy_level:
+            problems.append(f"fewer records than q = {self.policy.privacy_level}; it releases no per-site values")
+        if problems:
+            # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
+            raise SiteQueryError(
+                f"site {self.site!r} does not take part in run {run!r} ({plan.name}): its data do not pass "
+                f"the analysis's checks: {'; '.join(problems)}"
+            )
+        return plan, canon
+
+    def join(self, run: str, plan: Plan, args: dict[str, Any]) -> None:
+        """Record that this site answered the join of `run` (its release is still to come)."""
+        self.runs[run] = _Run(plan, args)
+        while len(self.runs) > MAX_OPEN_RUNS:
+            old, state = self.runs.popitem(last=False)
+            self.finished.add(old)
+
+    def on_join_release(self, run: str, contributors: tuple[str, ...], records: int) -> None:
+        """The join of `run` was released over `contributors`: check the set, start the plan."""
+        state = self._state(run)
+        if state.info is not None:
+            return
+        contributors = tuple(sorted(contributors))
+        problem = None
+        if self.site not in contributors:
+            problem = "this site is not in the run's contributor set"
+        elif len(contributors) < self.policy.min_sites:
+            problem = f"{len(contributors)} contributing sites, fewer than min_sites = {self.policy.min_sites}"
+        elif not self.policy.allow_dropouts and set(contributors) != set(self.all_sites):
+            missing = sorted(set(self.all_sites) - set(contributors))
+            problem = f"the policy allows no dropouts and {missing} did not join"
+        info = RunInfo(run, state.plan.name, state.args, contributors, int(records))
+        state.info = info
+        if problem is not None:
+            state.ended = f"its join was released over a set the policy does not allow: {problem}"
+            return
+        state.rounds = state.plan.rounds(PlanContext(self.policy, info, len(self.all_sites), self.site), state.args)
+        self._advance(state, lambda: next(state.rounds))
+
+    # -- rounds -----------------------------------------------------------------------
+
+    def expect(self, run: Any, number: Any) -> tuple[RunInfo, Step]:
+        """The step `number` of `run` this site will answer (PolicyError if it is not the next one)."""
+        if not isinstance(run, str) or run not in self.runs:
+            if run in self.finished:
+                raise PolicyError(f"site {self.site!r}: run {run!r} has ended")
+            raise PolicyError(
+                f"site {self.site!r}: the round belongs to no run this site joined; sites answer only the "
+                "rounds of a declared analysis, in the order of its plan"
+            )
+        state = self.runs[run]
+        if state.ended is not None:
+            raise PolicyError(f"site {self.site!r}: run {run!r} has ended: {state.ended}")
+        if state.info is None or state.step is None:
+            raise PolicyError(f"site {self.site!r}: run {run!r} has not received its join release yet")
+        if number != state.number:
+            raise PolicyError(
+                f"site {self.site!r}: run {run!r} is at step {state.number}; a request for step {number!r} "
+                "does not follow the plan"
+            )
+        return state.info, state.step
+
+    def on_release(self, run: str, number: int, release: Any) -> None:
+        """Step `number` of `run` was released: move this site's copy of the plan on."""
+        state = self._state(run)
+        if state.ended is not None or state.step is None or number != state.number:
+            return
+        self._advance(state, lambda: state.rounds.send(release))
+
+    def info(self, run: str) -> RunInfo | None:
+        state = self.runs.get(run)
+        return None if state is None else state.info
+
+    def _state(self, run: str) -> _Run:
+        try:
+            return self.runs[run]
+        except KeyError:
+            raise PolicyError(f"site {self.site!r}: no run {run!r}") from None
+
+    def _advance(self, state: _Run, step) -> None:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # the analyst sees the plan's warnings, not the sites
+                state.step = step()
+            state.number += 1
+        except StopIteration:
+            state.step, state.ended = None, "its plan is complete"
+        except (SecAggError, ValueError, ArithmeticError) as exc:
+            # The plan stopped on the released totals (e.g. a singular Fisher information): so did the analyst's.
+            state.step, state.ended = None, f"its plan stopped: {type(exc).__name__}"

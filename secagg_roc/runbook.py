@@ -1,0 +1,119 @@
+"""The runs one aggregator has seen, and the order rules of their rounds (run by each Aggregator).
+
+Every round of a site query belongs to a run of a declared analysis: a run
+starts with its join round (step 0, a run id never used before); its later
+rounds open one at a time, in step order, each after the previous one was
+released, and each releases over exactly the contributor set its join was
+released over. A join releases over every site, or over those that joined
+when the policy allows dropouts. A run whose round was abandoned has failed.
+The only round outside a run is the embedded `secure_sum` primitive, whose
+values come from its caller, not from a site's data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from .errors import PolicyError, RoundError
+from .messages import Query
+from .queries import QUERIES
+from .queries.run import JOIN
+
+#: The one round name outside runs: the embedded primitive.
+PRIMITIVE = "secure_sum"
+
+
+@dataclass
+class RunRecord:
+    """A run as one aggregator knows it: its join, its contributor set, and how far it has got."""
+
+    run: str
+    analysis: str
+    join_round: int
+    contributors: tuple[str, ...] | None = None
+    step: int = 0  # the highest step opened
+    step_round: int = 0  # the round number of that step
+    failed: str | None = None
+
+
+class RunBook:
+    """Run ids, contributor sets and step order of every run, as this aggregator saw them."""
+
+    def __init__(self, sites: Iterable[str], allow_dropouts: bool):
+        self.sites = frozenset(sites)
+        self.allow_dropouts = allow_dropouts
+        self.runs: dict[str, RunRecord] = {}
+
+    def of(self, query: Query) -> RunRecord | None:
+        """The run `query` belongs to (None for the primitive)."""
+        run_id = query.params.get("run") if query.name in QUERIES else None
+        return self.runs.get(run_id) if isinstance(run_id, str) else None
+
+    def check_open(self, query: Query, released: "callable") -> None:
+        """Refuse a round outside the order of its run; `released(number)` says whether a round was released."""
+        if query.name not in QUERIES:
+            if query.name != PRIMITIVE:
+                raise RoundError(f"unknown site query {query.name!r}")
+            return
+        params = query.params
+        run_id, step = params.get("run"), params.get("step")
+        if not isinstance(run_id, str) or isinstance(step, bool) or not isinstance(step, int):
+            raise PolicyError(f"query {query.name!r} is not a round of a run; sites answer only the rounds of a plan")
+        if step == 0:
+            if query.name != JOIN:
+                raise PolicyError(f"a run starts with its join round ({JOIN!r}), not {query.name!r}")
+            if run_id in self.runs:
+                raise PolicyError(f"run {run_id!r} was started before; a run id is used once")
+            return
+        run = self.runs.get(run_id)
+        if run is None or query.name == JOIN:
+            raise PolicyError(f"round {step} of run {run_id!r}: the run has not been started with its join round")
+        if run.failed is not None:
+            raise PolicyError(f"run {run_id!r} has failed: {run.failed}")
+        if run.contributors is None:
+            raise PolicyError(f"run {run_id!r} has no contributor set yet: its join round was not released")
+        previous = run.step_round if run.step else run.join_round
+        if step != run.step + 1 or not released(previous):
+            raise PolicyError(
+                f"run {run_id!r} is at step {run.step}: step {step} may open only after step {step - 1} was released"
+            )
+
+    def opened(self, query: Query) -> None:
+        """Record a round `check_open` allowed."""
+        if query.name not in QUERIES:
+            return
+        params, number = query.params, query.round_id.number
+        if params["step"] == 0:
+            self.runs[params["run"]] = RunRecord(params["run"], str(params.get("analysis")), number)
+        else:
+            run = self.runs[params["run"]]
+            run.step, run.step_round = int(params["step"]), number
+
+    def check_close(self, query: Query, agreed: tuple[str, ...]) -> None:
+        """Refuse a contributor set the run does not allow."""
+        run = self.of(query)
+        if run is None:
+            return
+        if query.params["step"] == 0:
+            if not self.allow_dropouts and set(agreed) != self.sites:
+                missing = sorted(self.sites - set(agreed))
+                raise PolicyError(
+                    f"run {run.run!r}: the policy allows no dropouts and {missing} did not join; the run cannot start"
+                )
+        elif agreed != run.contributors:
+            raise PolicyError(
+                f"run {run.run!r}: every round releases over the run's contributor set {list(run.contributors)}, "
+                f"not {list(agreed)}"
+            )
+
+    def closed(self, query: Query, agreed: tuple[str, ...]) -> None:
+        """Record a release: a join's fixes the run's contributor set."""
+        run = self.of(query)
+        if run is not None and query.params["step"] == 0 and run.contributors is None:
+            run.contributors = agreed
+
+    def abandoned(self, query: Query, number: int) -> None:
+        run = self.of(query)
+        if run is not None:
+            run.failed = f"its round {number} was abandoned"
