@@ -31,6 +31,7 @@ from _simulation import generate  # noqa: E402
 
 from secagg_roc import pooled  # noqa: E402
 from secagg_roc.dp import gaussian_sigma, recommended_privacy  # noqa: E402
+from secagg_roc import DPPolicy, Policy  # noqa: E402
 from secagg_roc.stats import roc_glm  # noqa: E402
 from secagg_roc.study import Study  # noqa: E402
 
@@ -44,13 +45,16 @@ def run(l2: float, mechanism: str, reps: int, n_sites: int, seed: int) -> dict[s
     for rep in range(reps):
         y, s = generate(rng)
         parts = np.array_split(rng.permutation(y.size), n_sites)
-        study = Study.local({f"site{k}": {"y": y[p], "score": s[p]} for k, p in enumerate(parts)}, seed=seed * 100_003 + rep)
+        data = {f"site{k}": {"y": y[p], "score": s[p]} for k, p in enumerate(parts)}
+        policy = Policy(allow_non_private=True, dp=None if mechanism == "none" else DPPolicy(
+            epsilon=eps, delta=delta, l2_sensitivity=l2, mechanism=mechanism))
+        study = Study.local(data, policy=policy, seed=seed * 100_003 + rep)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if mechanism == "none":  # baseline: the ROC-GLM's own approximation error, no noise
                 got = roc_glm(study, "y", "score", epsilon=None)
             else:
-                got = roc_glm(study, "y", "score", epsilon=eps, delta=delta, l2_sensitivity=l2, mechanism=mechanism)
+                got = roc_glm(study, "y", "score")
             ref = pooled.roc_glm(y, s)
         auc_emp.append(pooled.auc(y, s))
         gap_emp.append(abs(got.auc - auc_emp[-1]))

@@ -120,8 +120,10 @@ class Site:
         again = self.answered.get(query.round_id.number)
         if again is not None and again.query.round_id != query.round_id:
             raise PolicyError(f"site {self.name!r}: round number {query.round_id.number} was used for another query")
+        joined = None
         if query.name == JOIN:
-            shares, entries = self._join(query, params, seeds, again is not None), []
+            shares, joined = self._join(query, params, seeds, again is not None)
+            entries: list[LedgerEntry] = []
         else:
             if run is None:
                 raise PolicyError(
@@ -144,22 +146,23 @@ class Site:
             persist(entries, shares)
         for entry in entries:
             self.ledger.apply(entry)
+        if joined is not None:  # only once the answer is durable: a failed persist leaves no trace
+            self.runs.join(params["run"], *joined)
         self.answered[query.round_id.number] = Answered(query, str(run), int(number))
         return shares
 
-    def _join(self, query: Query, params: dict, seeds: Mapping[int, bytes] | None, again: bool) -> list[InputShare]:
+    def _join(self, query: Query, params: dict, seeds: Mapping[int, bytes] | None, again: bool) -> tuple[list, tuple | None]:
+        """The join's shares, and (plan, arguments) to record once they are durable (None for a repeat)."""
+        joined = None
         if not again:  # the same join again (a restarted agent re-sending its shares) was checked before
-            plan, args = self.runs.check_join(params, self.data)
-            if args.get("mode") == "non-private" and not self.allow_non_private:
+            joined = self.runs.check_join(params, self.data)
+            if joined[1].get("mode") == "non-private" and not self.allow_non_private:
                 raise PolicyError(
                     f"site {self.name!r}: its operator does not allow the non-private validation mode "
                     "(start the site agent with --allow-non-private to permit it)"
                 )
         _, result = run_site_query(self.data, JOIN, {})
-        shares = self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(JOIN).outputs)
-        if not again:
-            self.runs.join(params["run"], plan, args)
-        return shares
+        return self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(JOIN).outputs), joined
 
     def restore(self, query: Query, release: list[AggregateShare] | list[ForwardedShares] | None) -> None:
         """Replay a round this site answered before a restart (and its release, if it came).

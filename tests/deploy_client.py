@@ -1,13 +1,40 @@
-"""Test helper shared by the multi-process deployment tests: one request as a given party."""
+"""Test helpers shared by the deployment tests: one request as a given party; a run's rounds by hand."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, Awaitable, Callable
 
+from secagg_roc.deploy.config import StudyConfig
 from secagg_roc.deploy.http import AggregatorClient
 from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.site_agent import default_state_path, read_ledger
 from secagg_roc.deploy.tls import client_ssl_context
+from secagg_roc.ledger import Ledger
+from secagg_roc.messages import Query, RoundId
+from secagg_roc.plans import declared, get_plan
+from secagg_roc.plans.runner import join_params
+from secagg_roc.queries import canonical_params, query_digest
+from secagg_roc.queries.run import JOIN
+
+
+def make_query(study_id: str, number: int, name: str, params: dict, frac_bits: int = 32) -> Query:
+    """A `Query` exactly as the analyst's client builds it."""
+    canon = canonical_params(params)
+    rid = RoundId(study_id, number, query_digest(study_id, name, canon, frac_bits))
+    return Query(rid, name, json.dumps(canon, sort_keys=True, separators=(",", ":")), frac_bits)
+
+
+def join_query(config: StudyConfig, number: int, run: str, analysis: str, args: dict) -> Query:
+    """The join round of run `run` of `analysis` (canonical arguments, the study's policy), as round `number`."""
+    canon = declared(get_plan(analysis), config.policy, args)
+    return make_query(config.study_id, number, JOIN, join_params(run, analysis, canon, config.policy.digest()))
+
+
+def site_ledger(cluster: LocalCluster, site: str) -> Ledger:
+    """Site `site`'s ledger as a fresh `Ledger` read from its agent's database."""
+    return read_ledger(default_state_path(cluster.config, site), cluster.config.policy, site)
 
 
 def call_as(cluster: LocalCluster, party: str, aggregator: int, fn: Callable[[AggregatorClient], Awaitable[Any]], *,

@@ -23,6 +23,7 @@ from secagg_roc.deploy.config import (
     write_study,
 )
 from secagg_roc.errors import ConfigError
+from secagg_roc.policy import DPPolicy, Policy
 
 
 def base_study() -> dict[str, Any]:
@@ -37,7 +38,7 @@ def base_study() -> dict[str, Any]:
             {"name": "site-a", "data": "data/a.csv", "columns": {"y": "label", "score": "pred"}},
             {"name": "site-b", "data": "/srv/b.csv", "columns": {"y": "label", "score": "pred",
                                                                   "X": ["age", "size"]},
-             "allowed_queries": ["column_sum"]},
+             "allowed_queries": ["calibration.brier"]},
         ],
         "analyst": {"name": "analyst"},
     }
@@ -63,13 +64,15 @@ def test_defaults_and_path_resolution(tmp_path: Path) -> None:
     site_a, site_b = config.sites
     assert site_a.data == tmp_path / "data/a.csv"
     assert site_b.data == Path("/srv/b.csv")
-    assert site_a.allowed_queries is None and site_b.allowed_queries == ("column_sum",)
+    assert site_a.allowed_queries is None and site_b.allowed_queries == ("calibration.brier",)
     assert site_b.columns["X"] == ("age", "size") and site_b.columns["y"] == "label"
     assert config.analyst.key == tmp_path / "keys/analyst/key.pem"
     assert config.known_names() == {"aggregator": {"agg-1", "agg-2"},
                                     "site": {"site-a", "site-b"}, "analyst": {"analyst"}}
     assert config.party("site-b") is site_b
-    hash(config)  # frozen all the way down, column maps included
+    # No [policy]: the default policy, with q and min_sites from [study].
+    assert config.policy == Policy(privacy_level=5, min_sites=2)
+    hash(config)  # frozen all the way down, column maps and the policy included
 
 
 def test_every_key_round_trips(tmp_path: Path) -> None:
@@ -95,6 +98,50 @@ def test_every_key_round_trips(tmp_path: Path) -> None:
     assert load_study(moved / "study.toml").aggregators[0].cert == moved / "a1.crt"
 
 
+FULL_POLICY = {
+    "min_cell_count": 3, "allow_dropouts": True, "allow_non_private": True,
+    "analyses": ["rocglm", "brier", "calibration", "sensitivity"], "score_range": [-1, 2.5],
+    "calibration_bins": 8, "rocglm_thresholds": 25, "sensitivity_resolution": 0.001,
+    "roles": {"label": ["y"], "score": "pred", "covariate": ["X", "age"]},
+    "dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 0.05, "mechanism": "classic",
+           "budget_epsilon": 1.5, "budget_delta": 0.6, "accounting": "basic"},
+}
+
+
+def test_the_policy_table_round_trips(tmp_path: Path) -> None:
+    data = base_study()
+    data["study"].update(privacy_level=7, min_sites=2)
+    data["policy"] = copy.deepcopy(FULL_POLICY)
+    config = write_study(data, tmp_path / "study.toml")
+    expected = Policy(privacy_level=7, min_sites=2, min_cell_count=3, allow_dropouts=True, allow_non_private=True,
+                      analyses=("rocglm", "brier", "calibration", "sensitivity"), score_range=(-1.0, 2.5),
+                      calibration_bins=8, rocglm_thresholds=25, sensitivity_resolution=0.001,
+                      roles={"label": ("y",), "score": ("pred",), "covariate": ("X", "age")},
+                      dp=DPPolicy(0.5, 0.3, 0.05, mechanism="classic", budget_epsilon=1.5, budget_delta=0.6,
+                                  accounting="basic"))
+    assert config.policy == expected and config.policy.digest() == expected.digest()
+    again = load_study(tmp_path / "study.toml")
+    assert again == config and again.policy.digest() == expected.digest()
+    text = (tmp_path / "study.toml").read_text()
+    assert "[policy]" in text and "[policy.dp]" in text and "[policy.roles]" in text
+    assert "privacy_level" not in text.split("[policy]")[1]  # q is written once, in [study]
+    # Every party reading the same file gets the same policy (and so the same digest).
+    assert write_study(again, tmp_path / "copy" / "study.toml").policy.digest() == expected.digest()
+    # A policy given as a `Policy` to loopback_study: its q and min_sites go to [study].
+    loop = loopback_study(tmp_path / "lb", ["h1", "h2"], 2, [7001, 7002], policy=expected)
+    assert loop.policy == expected and loop.privacy_level == 7
+    with pytest.raises(ConfigError, match="privacy_level = 3 differs from the policy's 7"):
+        loopback_study(tmp_path / "lb2", ["h1", "h2"], 2, [7001, 7002], policy=expected, privacy_level=3)
+
+
+def test_a_study_config_agrees_with_its_policy(tmp_path: Path) -> None:
+    import dataclasses
+
+    config = write_study(base_study(), tmp_path / "study.toml")
+    with pytest.raises(ConfigError, match="they are one setting, given in \\[study\\]"):
+        dataclasses.replace(config, privacy_level=9)
+
+
 def test_documented_example_is_valid(tmp_path: Path) -> None:
     doc = cfg.__doc__
     assert doc is not None
@@ -104,6 +151,10 @@ def test_documented_example_is_valid(tmp_path: Path) -> None:
     assert config.study_id == "gbsg2-validation"
     assert [s.name for s in config.sites] == ["hospital-a", "hospital-b"]
     assert config.sites[0].columns == {"y": "cens", "score": "pred", "X": ("age", "tsize")}
+    policy = config.policy
+    assert policy.roles == {"label": ("y",), "score": ("score",), "covariate": ("X",)}
+    assert policy.dp is not None and (policy.dp.epsilon, policy.dp.budget_epsilon) == (0.5, 1.0)
+    assert policy.privacy_level == config.privacy_level == 5
 
 
 def test_loopback_study(tmp_path: Path) -> None:
@@ -197,10 +248,36 @@ INVALID = [
     (_set("sites[0].columns", {"y": []}), "sites[0].columns.y: must be a CSV column name"),
     (_set("sites[0].columns", {"X": ["a", "a"]}), "sites[0].columns.X: lists a CSV column twice"),
     (_set("sites[0].columns", {"a b": "c"}), "sites[0].columns: array name 'a b' is not a valid"),
-    (_set("sites[0].allowed_queries", ["q", "q"]), "sites[0].allowed_queries: lists a query twice"),
+    (_set("sites[0].allowed_queries", ["glm.ssd", "glm.ssd"]), "sites[0].allowed_queries: lists a site query twice"),
     (_set("sites[0].allowed_queries", "q"), "sites[0].allowed_queries: must be an array"),
     (_set("sites[0].key", "keys/agg-1/key.pem"), "sites[0].key: "),
     (_set("study.ca_cert", "keys/analyst/cert.pem"), "analyst.cert: "),
+    (_set("sites[0].allowed_queries", ["sum"]), "sites[0].allowed_queries: unknown site query 'sum' (known: "
+     "calibration.bins, calibration.brier"),
+    # the [policy] table
+    (_set("policy", "strict"), "policy: must be a table, got a string"),
+    (_set("policy", {"privacy_level": 5}), "policy.privacy_level: is set once, as study.privacy_level"),
+    (_set("policy", {"min_sites": 3}), "policy.min_sites: is set once, as study.min_sites"),
+    (_set("policy", {"min_cel_count": 3}), "policy: unknown key 'min_cel_count' (known keys here: "),
+    (_set("policy", {"min_cell_count": 0}), "policy.min_cell_count: must be at least 1, got 0"),
+    (_set("policy", {"allow_dropouts": "yes"}), "policy.allow_dropouts: must be true or false, got a string"),
+    (_set("policy", {"analyses": ["glm", "dump"]}), "policy.analyses: unknown analysis 'dump' (known: brier, "
+     "calibration, glm, rocglm, sensitivity)"),
+    (_set("policy", {"analyses": "glm"}), "policy.analyses: must be an array of analysis names"),
+    (_set("policy", {"score_range": [1, 0]}), "policy.score_range: must be two finite numbers [lower, upper]"),
+    (_set("policy", {"calibration_bins": 0}), "policy.calibration_bins: must be between 1 and 10000, got 0"),
+    (_set("policy", {"rocglm_thresholds": 2}), "policy.rocglm_thresholds: must be between 3 and 10000, got 2"),
+    (_set("policy", {"sensitivity_resolution": -1.0}), "policy.sensitivity_resolution: must be a finite number > 0"),
+    (_set("policy", {"roles": {"lable": ["y"]}}), "policy.roles: unknown role 'lable' (roles: label, score, "
+     "covariate, weight)"),
+    (_set("policy", {"roles": {"label": [1]}}), "policy.roles.label: must be an array of array names"),
+    (_set("policy", {"dp": {"epsilon": 0.5, "delta": 0.3}}), "policy.dp.l2_sensitivity: is missing"),
+    (_set("policy", {"dp": {"epsilon": 0.5, "delta": 1.0, "l2_sensitivity": 1.0}}),
+     "policy.dp.delta: must lie strictly between 0 and 1, got 1.0"),
+    (_set("policy", {"dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 1.0, "mechanism": "laplace"}}),
+     "policy.dp.mechanism: must be one of 'analytic', 'classic', got 'laplace'"),
+    (_set("policy", {"dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 1.0, "budget": 2.0}}),
+     "policy.dp: unknown key 'budget' (known keys here: "),
 ]
 
 

@@ -1,5 +1,5 @@
 """A deployed study under failures, with real processes: kill -9 an aggregator or a site agent
-mid-round and restart it on the same database; sites that never answer."""
+mid-round and mid-run and restart it on the same database; sites that never answer."""
 
 from __future__ import annotations
 
@@ -12,42 +12,45 @@ from typing import Any, Awaitable, Callable
 import numpy as np
 import pytest
 
+import secagg_roc.stats as sr
+from secagg_roc import Study
 from secagg_roc.deploy.http import AggregatorClient
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.errors import PrivacyError, RoundError
-from secagg_roc.messages import CloseRound, Query, RoundId, StatusRequest
-from secagg_roc.queries import canonical_params, query_digest
+from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.errors import PolicyError, PrivacyError, RoundError
+from secagg_roc.messages import CloseRound, Query, RoundId, StatusRequest, decode
 
-from deploy_client import call_as
+from deploy_client import call_as, join_query
 
 pytestmark = pytest.mark.slow
 
 SIZES = {"site-a": 3, "site-b": 3, "site-c": 10, "site-d": 10}
 
 
+def make_data(seed: int) -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return {s: {"y": rng.integers(0, 2, n), "x": rng.normal(size=(n, 2)).round(3), "score": rng.random(n).round(4)}
+            for s, n in SIZES.items()}
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
-    rng = np.random.default_rng(7)
-    data = {s: {"x": rng.normal(size=(n, 4)).round(3), "k": rng.integers(-50, 50, n)} for s, n in SIZES.items()}
-    cl = LocalCluster(tmp_path_factory.mktemp("failures"), data, round_timeout_s=30.0, privacy_level=8, min_sites=2)
+    cl = LocalCluster(tmp_path_factory.mktemp("failures"), make_data(7), round_timeout_s=30.0, privacy_level=8,
+                      min_sites=2)
     # site-d starts later, mid-round
     with cl.start(sites=["site-a", "site-b", "site-c"]):
         yield cl
 
 
-def expected(cluster: LocalCluster, sites: list[str], array: str) -> np.ndarray:
-    return sum(np.asarray(cluster.data[s][array]).sum(axis=0) for s in sites)
+@pytest.fixture(scope="module")
+def local(cluster: LocalCluster) -> Study:
+    loaded = {s.name: load_site_data(s.data, s.columns) for s in cluster.config.sites}
+    return Study.local(loaded, policy=cluster.config.policy, study_id=cluster.config.study_id)
 
 
 def call(cluster: LocalCluster, aggregator: int, fn: Callable[[AggregatorClient], Awaitable[Any]]) -> Any:
     """`fn` on a client of `aggregator` as the analyst."""
     return call_as(cluster, cluster.config.analyst.name, aggregator, fn)
-
-
-def query(number: int, params: dict) -> Query:
-    canon = canonical_params(params)
-    rid = RoundId("loopback", number, query_digest("loopback", "sum", canon, 32))
-    return Query(rid, "sum", json.dumps(canon, sort_keys=True, separators=(",", ":")), 32)
 
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, what: str = "condition") -> Any:
@@ -69,34 +72,17 @@ def open_round(cluster: LocalCluster, aggregator: int) -> int | None:
     return info["next_number"] - 1 if info["open_rounds"] else None
 
 
-def test_kill_9_an_aggregator_mid_round(cluster) -> None:
-    with cluster.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(study.aggregate, "sum", {"array": "x"})
-        number = wait_for(lambda: open_round(cluster, 1), what="the round to open")
-        rid = query(number, {"array": "x"}).round_id
-        wait_for(lambda: accepted(cluster, 1, rid) == ("site-a", "site-b", "site-c"), what="three shares at agg-2")
+def site_log(cluster: LocalCluster, site: str, kind: str, number: int) -> list[bytes]:
+    path = cluster.folder / "state" / f"{site}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT body FROM log WHERE kind = ? AND number = ? ORDER BY seq", (kind, number))
+        return [bytes(b) for (b,) in rows]
 
-        cluster.kill("agg-2")  # SIGKILL: no chance to flush anything
-        cluster.start_party("agg-2")  # same database
-        assert accepted(cluster, 1, rid) == ("site-a", "site-b", "site-c")  # nothing accepted was lost
-        assert not future.done()
-        cluster.start_party("site-d")  # the last site arrives after the restart
-        total = future.result(timeout=60)
 
-    np.testing.assert_allclose(total["sum"], expected(cluster, list(SIZES), "x"), rtol=0, atol=1e-8)
-    assert total.contributors == tuple(SIZES) and total.records == sum(SIZES.values())
-
-    # The release survives another kill -9 bit for bit, and is never made over another set.
-    everyone = tuple(SIZES)
-    release = call(cluster, 1, lambda c: c.send(CloseRound(rid, everyone)))
-    cluster.kill("agg-2")
-    cluster.start_party("agg-2")
-    again = call(cluster, 1, lambda c: c.send(CloseRound(rid, everyone)))
-    np.testing.assert_array_equal(again.vector, release.vector)
-    with pytest.raises(PrivacyError, match="second release"):
-        call(cluster, 1, lambda c: c.send(CloseRound(rid, everyone[:3])))
-    with pytest.raises(RoundError, match="already used"):
-        call(cluster, 1, lambda c: c.send(query(number, {"array": "k"})))
+def logged_query(cluster: LocalCluster, site: str, number: int) -> Query:
+    """The query of round `number` as `site` logged it when it answered (the analyst chose its run id)."""
+    (body,) = wait_for(lambda: site_log(cluster, site, "query", number) or None, what=f"{site}'s answer to round {number}")
+    return decode(body)
 
 
 def ensure_running(cluster: LocalCluster, *names: str) -> None:
@@ -106,61 +92,134 @@ def ensure_running(cluster: LocalCluster, *names: str) -> None:
             cluster.start_party(name)
 
 
-def answers(cluster: LocalCluster, site: str, number: int) -> int:
-    path = cluster.folder / "state" / f"{site}.sqlite"
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        return db.execute("SELECT count(*) FROM log WHERE kind = 'answer' AND number = ?", (number,)).fetchone()[0]
+class After:
+    """Wrap a study's `aggregate` to run `action` once, right after the round of step `step` of a run returns."""
+
+    def __init__(self, study, step: int, action: Callable[[], None]):
+        self.study, self.step, self.action, self.done = study, step, action, False
+        self.inner = study.aggregate
+        study.aggregate = self
+
+    def __call__(self, query, params=None, **kw):
+        totals = self.inner(query, params, **kw)
+        if not self.done and (params or {}).get("step") == self.step:
+            self.done = True
+            self.action()
+        return totals
 
 
-def logged_answer(cluster: LocalCluster, site: str, number: int) -> bytes:
-    path = cluster.folder / "state" / f"{site}.sqlite"
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        return bytes(db.execute("SELECT body FROM log WHERE kind = 'answer' AND number = ?", (number,)).fetchone()[0])
+def test_kill_9_an_aggregator_mid_round_and_mid_run(cluster, local) -> None:
+    with cluster.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        # Mid-run: after step 3 of the run, agg-2 is killed and started again before step 4 opens.
+        def restart_agg2() -> None:
+            cluster.kill("agg-2")
+            cluster.start_party("agg-2")
+
+        hook = After(study, 3, restart_agg2)
+        future = pool.submit(sr.fit_glm, study, "y", "x")
+        number = wait_for(lambda: open_round(cluster, 1), what="the run's join to open")
+        rid = logged_query(cluster, "site-a", number).round_id
+        assert rid.number == number
+        wait_for(lambda: accepted(cluster, 1, rid) == ("site-a", "site-b", "site-c"), what="three shares at agg-2")
+
+        # Mid-round: between the shares and the close. SIGKILL: no chance to flush anything.
+        cluster.kill("agg-2")
+        cluster.start_party("agg-2")  # same database
+        assert accepted(cluster, 1, rid) == ("site-a", "site-b", "site-c")  # nothing accepted was lost
+        assert not future.done()  # the run waits for site-d: no dropouts allowed
+        cluster.start_party("site-d")  # the last site arrives after the restart
+        fit = future.result(timeout=90)
+        assert hook.done
+
+    embedded = sr.fit_glm(local, "y", "x")
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(embedded.coef))  # bit for bit
+    assert fit.contributors == tuple(SIZES) and fit.n_records == sum(SIZES.values())
+
+    # The join's release survives another kill -9 bit for bit, and is never made over another set.
+    everyone = tuple(SIZES)
+    release = call(cluster, 1, lambda c: c.send(CloseRound(rid, everyone)))
+    cluster.kill("agg-2")
+    cluster.start_party("agg-2")
+    again = call(cluster, 1, lambda c: c.send(CloseRound(rid, everyone)))
+    np.testing.assert_array_equal(again.vector, release.vector)
+    with pytest.raises(PrivacyError, match="second release"):
+        call(cluster, 1, lambda c: c.send(CloseRound(rid, everyone[:3])))
+    with pytest.raises(RoundError, match="already used"):
+        call(cluster, 1, lambda c: c.send(join_query(cluster.config, number, "another-run", "brier",
+                                                     {"label": "y", "score": "score"})))
 
 
-def test_kill_9_a_site_agent_between_its_two_shares(cluster) -> None:
+def test_kill_9_a_site_agent_between_its_two_shares(cluster, local) -> None:
     """A restarted site re-sends the shares whose split it logged (re-created from its data with the
     logged seeds and checked against the logged digests); new random shares would give a wrong total."""
     ensure_running(cluster, "agg-1", "agg-2", *SIZES)
     with cluster.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        # (a new client asks every aggregator for the next free round number, so it starts first)
-        np.testing.assert_array_equal(study.aggregate("sum", {"array": "k"})["sum"], expected(cluster, list(SIZES), "k"))
-        cluster.kill("agg-2")  # site-a's share for agg-2 cannot be delivered now
-        future = pool.submit(study.aggregate, "sum", {"array": "k"})
-        number = wait_for(lambda: open_round(cluster, 0), what="the round to open at agg-1")
-        rid = query(number, {"array": "k"}).round_id
+        study.info()  # (a new client asks every aggregator for the next free round number: do it while all are up)
+        cluster.kill("agg-2")  # site-a's share of the join for agg-2 cannot be delivered now
+        future = pool.submit(sr.brier_score, study, "y", "score")
+        number = wait_for(lambda: open_round(cluster, 0), what="the join to open at agg-1")
+        rid = logged_query(cluster, "site-a", number).round_id
         wait_for(lambda: "site-a" in accepted(cluster, 0, rid), what="site-a's share at agg-1")
         cluster.kill("site-a")
         cluster.start_party("site-a")
         cluster.start_party("agg-2")
-        total = future.result(timeout=60)
-    np.testing.assert_array_equal(total["sum"], expected(cluster, list(SIZES), "k"))  # exact: integers
-    assert answers(cluster, "site-a", number) == 1  # computed once, sent twice
+        brier = future.result(timeout=90)
+    assert brier == sr.brier_score(local, "y", "score") and brier.contributors == tuple(SIZES)
+    assert len(site_log(cluster, "site-a", "answer", number)) == 1  # computed once, sent twice
     # What was logged is the split (seeds, digests), and the restarted agent re-created the shares from
     # its data with those seeds, checked them against the digests, and sent them (the exact total above).
-    record = json.loads(logged_answer(cluster, "site-a", number))
+    record = json.loads(site_log(cluster, "site-a", "answer", number)[0])
     assert record["format"] == "split-v1" and record["round"][1] == number and "correction_sha256" in record
     log_text = (cluster.folder / "logs" / "site-a.log").read_text()
     assert f"re-created the logged shares of loopback/round-{number}/" in log_text
 
 
-def test_rounds_close_without_silent_sites_while_min_sites_and_q_hold(cluster) -> None:
+def test_kill_9_a_site_agent_mid_run(cluster, local) -> None:
+    """A site killed mid-run, after it answered step 2 and before that step's release, comes back with its
+    runs, plans and ledger from its log, fetches the release it missed, and the run completes exactly."""
     ensure_running(cluster, "agg-1", "agg-2", *SIZES)
-    with cluster.study(round_timeout_s=1.5) as study:
-        cluster.kill("site-d")
-        started = time.monotonic()
-        total = study.aggregate("sum", {"array": "k"})
-        assert time.monotonic() - started >= 1.5  # it waited for site-d until the deadline
-        assert total.contributors == ("site-a", "site-b", "site-c") and total.records == 16
-        np.testing.assert_array_equal(total["sum"], expected(cluster, ["site-a", "site-b", "site-c"], "k"))
+    with cluster.study() as study:
+        agree = study._contributors
+        killed = []
 
-        cluster.kill("site-c")  # 3 + 3 records < q = 8
-        with pytest.raises(PrivacyError, match=r"privacy level q=8.*no share from \['site-c', 'site-d'\]"):
-            study.aggregate("sum", {"array": "k"})
+        def kill_site_b_before_the_close(query, statuses):
+            if query.params.get("step") == 2 and not killed:  # every share of step 2 is in: kill, then close
+                killed.append(query.round_id.number)
+                cluster.kill("site-b")
+                cluster.start_party("site-b")
+            return agree(query, statuses)
 
-        cluster.kill("site-b")  # one site < min_sites = 2
-        with pytest.raises(PrivacyError, match=r"min_sites=2.*no share from \['site-b', 'site-c', 'site-d'\]"):
-            study.aggregate("sum", {"array": "k"})
+        study._contributors = kill_site_b_before_the_close
+        fit = sr.fit_glm(study, "y", "x", family="probit")
+    embedded = sr.fit_glm(local, "y", "x", family="probit")
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(embedded.coef))
+    log_text = cluster.log_text("site-b")
+    restarted = log_text[log_text.rfind("--- starting site-b"):]
+    assert "logged answers replayed" in restarted and "refused" not in restarted
+    assert f"took in the release of round {killed[0]}" in restarted  # fetched after the restart
+
+
+def test_rounds_close_without_silent_sites_only_as_the_policy_allows(tmp_path) -> None:
+    """With allow_dropouts a run starts over the sites that joined by the deadline; a contributor that
+    goes silent later fails the run (no round of it over a subset), and no later run may isolate it."""
+    data = make_data(8)
+    with LocalCluster(tmp_path, data, round_timeout_s=30.0, privacy_level=8, min_sites=2,
+                      policy={"allow_dropouts": True}).start(sites=["site-a", "site-b", "site-c"]) as cl:
+        with cl.study(round_timeout_s=1.0) as study:
+            started = time.monotonic()
+            brier = sr.brier_score(study, "y", "score")
+            assert time.monotonic() - started >= 1.0  # it waited for site-d until the deadline
+            three = {s: data[s] for s in ("site-a", "site-b", "site-c")}
+            assert brier.contributors == ("site-a", "site-b", "site-c") and brier.n_records == 16
+            assert brier == sr.brier_score(Study.local(three, policy=cl.config.policy), "y", "score")
+
+            After(study, 1, lambda: cl.kill("site-c"))  # silent from step 2 of the next run on
+            with pytest.raises(PolicyError, match=r"contributor set \['site-a', 'site-b', 'site-c'\], not "
+                                                  r"\['site-a', 'site-b'\].*no share from \['site-c'\]"):
+                sr.fit_glm(study, "y", "x")
+            # A run without site-c would let its releases be differenced against the earlier ones.
+            with pytest.raises(PolicyError, match="would isolate"):
+                sr.brier_score(study, "y", "score")
 
 
 def test_no_party_outlives_a_killed_cluster_owner(tmp_path) -> None:

@@ -19,18 +19,19 @@ from secagg_roc.messages import (
     VERSION,
     AggregateShare,
     CloseRound,
-    DPRelease,
     ErrorReply,
+    ForwardedShares,
     InputShare,
     Message,
-    PublicValue,
     Query,
     RoundId,
     RoundStatus,
     StatusRequest,
     decode,
 )
-from secagg_roc.ring import INTEGER, Encoding
+from secagg_roc.ring import INTEGER, RAW_FLOAT, Encoding
+
+from deploy_client import join_query
 
 RID = RoundId("fuzz", 3, hashlib.sha256(b"q").digest())
 LAYOUT = (("sum", (3,), False),)
@@ -47,8 +48,12 @@ def every_kind() -> list[Message]:
         RoundStatus(RID, ("site-a", "site-b"), False),
         CloseRound(RID, ("site-a", "site-b")),
         AggregateShare(RID, 0, ("site-a", "site-b"), 17, Encoding(32, False), LAYOUT, VEC),
-        PublicValue("fuzz", "rocglm.negatives", np.linspace(0, 1, 5)),
-        DPRelease(RID, "site-a", (("negative", (2,), False), ("positive", (1,), False)), np.array([0.1, 0.2, 0.9])),
+        ForwardedShares(RID, 1, ("site-a", "site-b"), 12, (
+            InputShare(RID, "site-a", 1, RAW_FLOAT, 5, (("negative", (2,), False), ("positive", (1,), False)),
+                       seed=bytes(range(16))),
+            InputShare(RID, "site-b", 1, RAW_FLOAT, 7, (("negative", (1,), False), ("positive", (2,), False)),
+                       vector=VEC),
+        )),
         ErrorReply("RoundError", "round 3 is closed"),
     ]
 
@@ -69,7 +74,7 @@ def _same(a: Message, b: Message) -> bool:
         return False
     return all(
         np.array_equal(getattr(a, f), getattr(b, f))
-        for f in ("vector", "value")
+        for f in ("vector",)
         if getattr(a, f, None) is not None
     )
 
@@ -145,28 +150,26 @@ def config(tmp_path_factory: pytest.TempPathFactory):
 
 def _snapshot(state: AggregatorState) -> tuple:
     rounds = tuple(
-        (n, r.state, tuple(sorted(r.accepted)), r.released is not None) for n, r in sorted(state.core.rounds.items())
+        (n, r.state, tuple(sorted(r.accepted)), r.released_over) for n, r in sorted(state.core.rounds.items())
     )
-    return rounds, tuple(sorted(state.numbers)), len(state.feed), tuple(sorted(state.abandoned))
+    runs = tuple((k, r.contributors, r.step, r.failed) for k, r in sorted(state.core.runs.items()))
+    return (rounds, runs, tuple(sorted(state.numbers)), len(state.feed), tuple(sorted(state.abandoned)),
+            repr(state.core.disclosures.released))
 
 
 @settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
           deadline=None)
 @given(data=st.data())
 def test_mutated_messages_never_corrupt_an_aggregator(config, data: st.DataObject) -> None:
-    from secagg_roc.queries import query_digest
-
     state = AggregatorState(config, "agg-1")
-    rid = RoundId("fuzz", 0, query_digest("fuzz", "sum", {"array": "x"}, 32))
-    query = Query(rid, "sum", '{"array":"x"}', 32)
+    query = join_query(config, 0, "run-1", "brier", {"label": "y", "score": "s"})
+    rid = query.round_id
     state.apply("query", query, at=0.0, body=query.encode())
-    share = InputShare(rid, "site-a", 0, INTEGER, 4, (("sum", (3,), True),), vector=np.arange(3, dtype=np.uint64))
+    share = InputShare(rid, "site-a", 0, INTEGER, 4, (("sites", (1,), True),), vector=np.arange(1, dtype=np.uint64))
     valid = {
         "share": share,
         "close": CloseRound(rid, ("site-a",)),
-        "query": Query(RoundId("fuzz", 1, query_digest("fuzz", "sum", {"array": "y"}, 32)), "sum", '{"array":"y"}', 32),
-        "dprelease": DPRelease(rid, "site-a", (("v", (1,), False),), np.array([0.5])),
-        "public": PublicValue("fuzz", "v", np.array([1.0, 2.0])),
+        "query": join_query(config, 1, "run-2", "brier", {"label": "y", "score": "s"}),
     }
     kind = data.draw(st.sampled_from(sorted(valid)))
     raw = bytearray(valid[kind].encode())

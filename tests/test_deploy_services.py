@@ -1,12 +1,15 @@
 """A deployed study end to end: 2 aggregator processes and 3 site agents on 127.0.0.1, real
 mutual TLS and real SQLite. The analyst's `RemoteStudy` must give the numbers `Study.local`
-gives on the same data and DP seed; every request that is not exactly right is refused with
-a clear error and changes nothing."""
+gives on the same data, policy and DP seed; every request that is not exactly right (outside
+the policy, outside a run's plan, from the wrong party) is refused with a clear error and
+changes nothing."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import signal
 import sqlite3
 import time
 import warnings
@@ -22,21 +25,33 @@ import secagg_roc.stats as sr
 from secagg_roc import Study
 from secagg_roc.cli import build_parser, main
 from secagg_roc.deploy import pki
-from secagg_roc.deploy.config import loopback_study
+from secagg_roc.deploy.config import loopback_study, write_study
 from secagg_roc.deploy.http import AggregatorClient, RequestTooLarge, TransportError
-from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.local_cluster import LocalCluster, write_site_csv
 from secagg_roc.deploy.site_agent import load_site_data
 from secagg_roc.deploy.tls import AuthError, client_ssl_context
-from secagg_roc.errors import MessageError, RoundError, SiteQueryError
-from secagg_roc.messages import CloseRound, InputShare, PublicValue, Query, RoundId, StatusRequest
+from secagg_roc.deploy.remote_study import RemoteStudy
+from secagg_roc.errors import ConfigError, MessageError, PolicyError, RoundError, SiteQueryError
+from secagg_roc.messages import AggregateShare, CloseRound, InputShare, Query, RoundId, StatusRequest, decode
+from secagg_roc.plans import declared, get_plan
+from secagg_roc.plans.runner import join_params
+from secagg_roc.policy import DPPolicy, Policy
 from secagg_roc.queries import QUERIES
+from secagg_roc.queries.run import JOIN
+from secagg_roc.ring import INTEGER
 
 from deploy_client import call_as as call
+from deploy_client import join_query, make_query, site_ledger
 
 pytestmark = pytest.mark.slow
 
 SEED = 11
-DP = dict(epsilon=0.5, delta=0.3, l2_sensitivity=0.05)
+#: The sites' policy: DP at (0.5, 0.3) per release, a budget of about two releases, five calibration bins.
+POLICY = Policy(
+    privacy_level=5, min_sites=2, analyses=("glm", "rocglm", "brier", "calibration", "sensitivity"),
+    calibration_bins=5, allow_non_private=True,  # allowed by the policy, but no site agent consents (see below)
+    dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05, budget_epsilon=0.8, budget_delta=0.4),
+)
 
 
 def site_arrays(rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
@@ -50,8 +65,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
     rng = np.random.default_rng(2024)
     data = {"site-a": site_arrays(rng, 70), "site-b": site_arrays(rng, 90), "site-c": site_arrays(rng, 110)}
     everything_but = sorted(set(QUERIES) - {"dp.record_count"})
-    cl = LocalCluster(tmp_path_factory.mktemp("deployed"), data, seed=SEED, allowed_queries={"site-c": everything_but},
-                      round_timeout_s=20.0, max_body_bytes=1 << 20, privacy_level=5)
+    cl = LocalCluster(tmp_path_factory.mktemp("deployed"), data, seed=SEED, policy=POLICY,
+                      allowed_queries={"site-c": everything_but}, round_timeout_s=20.0, max_body_bytes=1 << 20)
     with cl.start():
         yield cl
 
@@ -64,54 +79,147 @@ def study(cluster: LocalCluster):
 
 @pytest.fixture(scope="module")
 def local(cluster: LocalCluster) -> Study:
-    """The embedded study on exactly the arrays the site agents loaded, with the same DP seed."""
+    """The embedded study on exactly the arrays the site agents loaded, with the same policy and DP seed."""
     loaded = {s.name: load_site_data(s.data, s.columns) for s in cluster.config.sites}
-    return Study.local(loaded, seed=SEED, privacy_level=cluster.config.privacy_level)
+    return Study.local(loaded, policy=cluster.config.policy, seed=SEED, study_id=cluster.config.study_id)
 
 
 def snapshot(cluster: LocalCluster) -> list[dict[str, Any]]:
     return [call(cluster, "analyst", j, lambda c: c.info()) for j in range(2)]
 
 
+def last_join(study) -> int:
+    """The round number of the latest run's join this client ran."""
+    return next(number for name, number, _, _ in reversed(study.history) if name == JOIN)
+
+
 # --------------------------------------------------------------------------- results
 
 
-def test_secure_sums_equal_the_embedded_study(study, local) -> None:
-    for array in ("score", "y", "age"):
-        remote, embedded = study.aggregate("sum", {"array": array}), local.aggregate("sum", {"array": array})
-        np.testing.assert_array_equal(remote["sum"], embedded["sum"])
-        assert remote.records == embedded.records == 270
-        assert remote.contributors == ("site-a", "site-b", "site-c")
-    assert study.aggregate("sum", {"array": "y"})["sum"].dtype == np.int64
+def test_the_study_file_carries_the_policy(cluster, study, tmp_path: Path) -> None:
+    assert cluster.config.policy == POLICY and study.policy == POLICY
+    assert (study.privacy_level, study.min_sites) == (5, 2)
+    assert all(info["policy"] == POLICY.digest() for info in snapshot(cluster))  # every aggregator has the same
+    # An analyst whose study file states another policy is stopped before it opens a round.
+    looser = dataclasses.replace(cluster.config, policy=dataclasses.replace(POLICY, calibration_bins=20))
+    write_study(looser, tmp_path / "study.toml")
+    before = snapshot(cluster)
+    with RemoteStudy(tmp_path / "study.toml") as other:
+        with pytest.raises(ConfigError, match="'agg-1' serves study 'loopback' under another \\[policy\\]"):
+            sr.calibration_curve(other, "y", "score")
+    assert snapshot(cluster) == before
 
 
-def test_rocglm_ci_brier_and_calibration_equal_the_embedded_study(study, local) -> None:
-    results = []
-    for s in (study, local):
-        roc = sr.roc_glm(s, label="y", score="score", **DP)
-        results.append((roc, sr.brier_score(s, "y", "score"), sr.calibration_curve(s, "y", "score", n_bins=5)))
-    (r_roc, r_brier, r_cal), (l_roc, l_brier, l_cal) = results
-    assert r_roc.mode == "dp"
-    np.testing.assert_array_equal(np.asarray(r_roc.params), np.asarray(l_roc.params))
-    assert (r_roc.auc, r_roc.ci, r_roc.ci_empirical) == (l_roc.auc, l_roc.ci, l_roc.ci_empirical)
-    assert r_roc.glm.iterations == l_roc.glm.iterations
-    assert r_brier == l_brier
-    assert r_cal.to_dict() == l_cal.to_dict()
-    assert 0.5 < r_roc.auc < 1.0 and r_roc.ci[0] < r_roc.auc < r_roc.ci[1]
+def test_exact_analyses_equal_the_embedded_study(study, local) -> None:
+    remote, embedded = sr.fit_glm(study, "y", "age"), sr.fit_glm(local, "y", "age")
+    np.testing.assert_array_equal(np.asarray(remote.coef), np.asarray(embedded.coef))
+    np.testing.assert_array_equal(remote.cov, embedded.cov)
+    assert remote.iterations == embedded.iterations and remote.contributors == ("site-a", "site-b", "site-c")
+    assert sr.brier_score(study, "y", "score") == sr.brier_score(local, "y", "score")
+    r_cal, l_cal = sr.calibration_curve(study, "y", "score"), sr.calibration_curve(local, "y", "score")
+    assert r_cal.to_dict() == l_cal.to_dict() and len(r_cal.count) == POLICY.calibration_bins
+    # A run's rounds after its join went to its contributors only, and every round belonged to a run.
+    assert study.history[0][0] == JOIN and all(c == ("site-a", "site-b", "site-c") for *_, c in study.history)
 
 
-def test_a_site_refuses_a_query_its_policy_does_not_allow(study) -> None:
+def test_a_dp_rocglm_under_the_policy_equals_the_embedded_study(cluster, study, local) -> None:
+    remote, embedded = sr.roc_glm(study, "y", "score"), sr.roc_glm(local, "y", "score")
+    assert remote.mode == "dp" and remote.privacy["epsilon"] == 0.5 and remote.privacy["delta"] == 0.3
+    np.testing.assert_array_equal(np.asarray(remote.params), np.asarray(embedded.params))
+    assert (remote.auc, remote.ci, remote.ci_empirical) == (embedded.auc, embedded.ci, embedded.ci_empirical)
+    assert remote.glm.iterations == embedded.glm.iterations
+    assert 0.5 < remote.auc < 1.0 and remote.ci[0] < remote.auc < remote.ci[1]
+    # The per-site round was forwarded: no aggregator summed (or held) a site's noisy scores.
+    assert [name for name, *_ in study.history].count("rocglm.scores") == 1
+    for site in cluster.site_names:
+        ledger = site_ledger(cluster, site)
+        assert ledger.summary()["dp_releases"] == 1 and ledger.summary() == local.ledger(site).summary()
+
+
+def test_a_repeated_rocglm_replays_its_dp_release(cluster, study, local) -> None:
+    first = sr.roc_glm(study, "y", "score")
+    again = sr.roc_glm(study, "y", "score")
+    assert (again.auc, again.ci) == (first.auc, first.ci)  # the same noisy scores: never new noise to average
+    spent = [site_ledger(cluster, s).spent() for s in cluster.site_names]
+    for site in cluster.site_names:  # charged once, also after three runs
+        assert site_ledger(cluster, site).summary()["dp_releases"] == 1
+    # More noise than the policy's least is allowed (and charged); less is refused before anything runs.
+    noisier, embedded = sr.roc_glm(study, "y", "score", epsilon=0.25, delta=0.3), sr.roc_glm(local, "y", "score", epsilon=0.25, delta=0.3)
+    assert noisier.privacy["epsilon"] == 0.25 and (noisier.auc, noisier.ci) == (embedded.auc, embedded.ci)
+    assert site_ledger(cluster, "site-a").summary()["dp_releases"] == 2
+    assert site_ledger(cluster, "site-a").spent().mu > spent[0].mu
+    with pytest.raises(PolicyError, match="exceeds the per-release maximum"):
+        sr.roc_glm(study, "y", "score", epsilon=1.0, delta=0.3)
+    with pytest.raises(PolicyError, match="below the policy's dp.l2_sensitivity"):
+        sr.roc_glm(study, "y", "score", l2_sensitivity=0.01)
+    # A third release would exceed each site's budget: every site refuses it, and nothing is charged.
+    started = time.monotonic()
+    with pytest.raises(PolicyError, match="site '.*'.*exceed this site's privacy budget"):
+        sr.roc_glm(study, "y", "score", epsilon=0.4, delta=0.3)
+    assert time.monotonic() - started < study.round_timeout_s / 2  # reported at once, not at the deadline
+    assert site_ledger(cluster, "site-a").summary()["dp_releases"] == 2
+
+
+def test_the_non_private_mode_needs_every_sites_consent(study) -> None:
+    # The policy allows it, but no site agent was started with --allow-non-private: every site refuses the join.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(PolicyError, match="its operator does not allow the non-private validation mode"):
+            sr.roc_glm(study, label="y", score="score", epsilon=None)
+
+
+def test_a_site_refuses_a_query_its_allowed_queries_exclude(study) -> None:
     started = time.monotonic()
     with pytest.raises(SiteQueryError, match="site 'site-c'.*'dp.record_count' is not allowed"):
-        study.aggregate("dp.record_count", {"score": "score"})
+        study.run("sensitivity", score="score", covariates=["age"])
     assert time.monotonic() - started < study.round_timeout_s / 2  # reported at once, not at the deadline
 
 
-def test_sites_refuse_non_private_releases_unless_allowed(study) -> None:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with pytest.raises(SiteQueryError, match="refuses the non-private release"):
-            sr.roc_glm(study, label="y", score="score", epsilon=None)
+def test_a_site_error_names_the_site(study) -> None:
+    with pytest.raises((SiteQueryError, PolicyError), match="site 'site-a' does not take part.*no array named 'nope'"):
+        sr.brier_score(study, "nope", "score")
+
+
+def test_the_analyst_cannot_send_values_or_rounds_outside_a_plan(cluster, study) -> None:
+    """Broadcasts are refused; so is any round outside a run, and any round that is not the plan's next step."""
+    with pytest.raises(PolicyError, match="cannot send values to the sites"):
+        study.broadcast("rocglm.negatives", [0.1, 0.2])
+    before = snapshot(cluster)
+    # A raw query outside any run: the aggregators refuse to open it, so no site ever sees it.
+    with pytest.raises(PolicyError, match="not a round of a run"):
+        study.aggregate("calibration.brier", {"label": "y", "score": "score", "score_range": [0.0, 1.0]})
+    q = make_query(cluster.config.study_id, before[0]["next_number"] + 50, "calibration.bins", {"label": "y"})
+    with pytest.raises(PolicyError, match="not a round of a run"):
+        call(cluster, "analyst", 0, lambda c: c.send(q))
+    # A join under another policy than the study's.
+    args = declared(get_plan("brier"), POLICY, {"label": "y", "score": "score"})
+    with pytest.raises(PolicyError, match="declared under another policy"):
+        study.aggregate(JOIN, join_params("forged-1", "brier", args, Policy().digest()))
+    # A join that is fine, then a step the plan does not have: every site refuses it.
+    joined = study.aggregate(JOIN, join_params("forged-2", "brier", args, POLICY.digest()))
+    assert joined["sites"].tolist() == [3]
+    probe = {"run": "forged-2", "step": 1, "label": "y", "score": "score", "score_range": [0.0, 0.5]}
+    started = time.monotonic()
+    with pytest.raises(PolicyError, match="site '.*': round 1 of run 'forged-2' \\(brier\\) does not follow the plan"):
+        study.aggregate("calibration.brier", probe)
+    assert time.monotonic() - started < study.round_timeout_s / 2
+    # The embedded primitive has no place in a deployment.
+    with pytest.raises(SiteQueryError, match="unknown site query 'secure_sum'"):
+        call(cluster, "analyst", 0, lambda c: c.send(make_query(cluster.config.study_id, 10_000, "secure_sum", {})))
+
+
+def test_a_close_over_a_subset_of_a_runs_contributors_is_refused(cluster) -> None:
+    with cluster.study() as study:
+        def without_site_c(query, statuses):
+            agreed = tuple(sorted(set.intersection(*(set(s.accepted) for s in statuses))))
+            return agreed if query.name == JOIN else tuple(s for s in agreed if s != "site-c")
+
+        study._contributors = without_site_c
+        with pytest.raises(PolicyError, match="every round releases over the run's contributor set "
+                                              "\\['site-a', 'site-b', 'site-c'\\], not \\['site-a', 'site-b'\\]"):
+            sr.brier_score(study, "y", "score")
+        rid = next(r for r in reversed(study.history))  # the join was released
+        assert rid[0] == JOIN and rid[3] == ("site-a", "site-b", "site-c")
 
 
 def test_unknown_queries_and_wrong_release_kinds(study) -> None:
@@ -120,12 +228,7 @@ def test_unknown_queries_and_wrong_release_kinds(study) -> None:
     with pytest.raises(SiteQueryError, match="use release_dp"):
         study.aggregate("rocglm.scores", {})
     with pytest.raises(SiteQueryError, match="use aggregate"):
-        study.release_dp("sum", {"array": "y"})
-
-
-def test_a_site_error_names_the_site(study) -> None:
-    with pytest.raises(SiteQueryError, match="site 'site-a'.*no array named 'nope'"):
-        study.aggregate("sum", {"array": "nope"})
+        study.release_dp("calibration.brier", {})
 
 
 # --------------------------------------------------------------------------- who may do what
@@ -143,13 +246,9 @@ def _issue(cluster: LocalCluster, folder: Path, study_id: str, role: str, name: 
     return client_ssl_context(config.ca_cert, folder / "cert.pem", folder / "key.pem")
 
 
-def _query(cluster: LocalCluster, number: int, params: dict | None = None) -> Query:
-    from secagg_roc.queries import canonical_params, query_digest
-
-    canon = canonical_params(params or {"array": "y"})
-    sid = cluster.config.study_id
-    return Query(RoundId(sid, number, query_digest(sid, "sum", canon, 32)), "sum", json.dumps(canon, sort_keys=True,
-                 separators=(",", ":")), 32)
+def _query(cluster: LocalCluster, number: int, run: str = "probe") -> Query:
+    """A valid join query (of a run nobody started) as round `number`."""
+    return join_query(cluster.config, number, run, "brier", {"label": "y", "score": "score"})
 
 
 def test_roles_and_names_are_checked_on_every_request(cluster, tmp_path: Path) -> None:
@@ -160,8 +259,10 @@ def test_roles_and_names_are_checked_on_every_request(cluster, tmp_path: Path) -
         ("agg-2", lambda c: c.send(q), "aggregator 'agg-2' may not send Query"),
         ("site-a", lambda c: c.send(StatusRequest(q.round_id)), "may not send StatusRequest"),
         ("site-a", lambda c: c.send(CloseRound(q.round_id, ("site-a",))), "may not send CloseRound"),
-        ("site-a", lambda c: c.broadcast(10_000, PublicValue("loopback", "v", np.ones(2))), "accepts only analyst"),
+        ("site-a", lambda c: c.status(StatusRequest(q.round_id)), "accepts only analyst"),
         ("analyst", lambda c: c.feed(0, 0), "accepts only site"),
+        ("analyst", lambda c: c.release(StatusRequest(q.round_id)), "accepts only site"),
+        ("agg-2", lambda c: c.release(StatusRequest(q.round_id)), "accepts only site"),
     ]
     for party, fn, text in cases:
         with pytest.raises(AuthError, match=text):
@@ -235,8 +336,10 @@ def test_the_bulk_upload_path_checks_the_aggregator_first_and_maps_errors(cluste
         asyncio.run(to_impostor())
     assert snapshot(cluster) == before  # not a byte of the query reached agg-2
 
-    study.aggregate("sum", {"array": "y"})
-    rid = _query(cluster, study.history[-1][1]).round_id
+    sr.brier_score(study, "y", "score")
+    number = last_join(study)
+    share = _captured(cluster, "site-a", number)[0]  # a real share, replayed
+    rid = share.round_id
 
     async def twice(c: AggregatorClient):
         first = await c.send(StatusRequest(rid))
@@ -245,7 +348,6 @@ def test_the_bulk_upload_path_checks_the_aggregator_first_and_maps_errors(cluste
 
     first, second, idle = call(cluster, "analyst", 0, twice)
     assert first == second and first.released and idle == 1  # one connection, kept alive and reused
-    share = _captured(cluster, "site-a", rid.number, {"array": "y"})[0]  # a real share, replayed
     with pytest.raises(RoundError, match="is closed"):
         call(cluster, "site-a", 0, lambda c: c.send(share))
     # A client that trusts only another CA refuses the aggregator before sending anything.
@@ -278,23 +380,29 @@ def test_malformed_and_oversized_requests_are_refused_and_change_nothing(cluster
     refused("analyst", "POST", "/v1/message", b"", 400, "truncated")
     refused("analyst", "POST", "/v1/message", b"GET / HTTP/1.1\r\n\r\n", 400, "bad magic")
     refused("analyst", "POST", "/v1/message", _query(cluster, 5).encode()[:-4], 400, "truncated")
-    refused("analyst", "POST", "/v1/message", PublicValue("loopback", "v", np.ones(1)).encode(), 400,
-            "does not accept PublicValue")
+    refused("analyst", "POST", "/v1/message", StatusRequest(_query(cluster, 5).round_id).encode()[:10], 400, "truncated")
+    refused("analyst", "POST", "/v1/message", AggregateShare(_query(cluster, 5).round_id, 0, ("site-a",), 1,
+            INTEGER, (("v", (1,), True),), np.zeros(1, np.uint64)).encode(), 400, "does not accept AggregateShare")
     refused("analyst", "POST", "/v1/status?wait=abc", StatusRequest(_query(cluster, 5).round_id).encode(), 400,
             "not a number")
-    refused("analyst", "POST", "/v1/broadcast?number=-1", b"", 400, "not a non-negative integer")
+    refused("site-a", "POST", "/v1/release?wait=-1", StatusRequest(_query(cluster, 5).round_id).encode(), 400,
+            "outside 0..3600")
+    refused("site-a", "POST", "/v1/release", _query(cluster, 5).encode(), 400, "takes a StatusRequest")
     refused("site-a", "GET", "/v1/feed?since=1e3", b"", 400, "not a non-negative integer")
     refused("analyst", "POST", "/v1/message", b"\0" * (2 << 20), 413, "max_body_bytes")
     refused("analyst", "GET", "/v1/nothing-here", b"", 404, "Not Found")
     refused("analyst", "GET", "/v1/message", b"", 405, "Method Not Allowed")
+    refused("analyst", "POST", "/v1/broadcast?number=1", b"", 404, "Not Found")  # there is no broadcast any more
+    big = InputShare(_query(cluster, 5).round_id, "site-a", 0, INTEGER, 1, (("v", (200_000,), True),),
+                     vector=np.zeros(200_000, np.uint64))
     with pytest.raises(RequestTooLarge, match="max_body_bytes"):
-        call(cluster, "analyst", 0, lambda c: c.broadcast(10_000, PublicValue("loopback", "big", np.ones(200_000))))
+        call(cluster, "site-a", 0, lambda c: c.send(big))
     assert snapshot(cluster) == before
 
 
-def _captured(cluster: LocalCluster, site: str, number: int, params: dict) -> list[InputShare]:
-    """The shares `site` sent in round `number` (what a wiretap would see): re-created from its data and
-    the split its database logged (seeds and digests), exactly as a restarted site agent does."""
+def _captured(cluster: LocalCluster, site: str, number: int) -> list[InputShare]:
+    """The shares `site` sent in join round `number` (what a wiretap would see): re-created from its data,
+    the query and the split its database logged (seeds and digests), exactly as a restarted site agent does."""
     from secagg_roc.deploy.site_agent import split_mismatch
     from secagg_roc.queries import SiteData
     from secagg_roc.sharing import make_scheme
@@ -303,20 +411,22 @@ def _captured(cluster: LocalCluster, site: str, number: int, params: dict) -> li
     path = cluster.folder / "state" / f"{site}.sqlite"
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
         (body,) = db.execute("SELECT body FROM log WHERE kind = 'answer' AND number = ?", (number,)).fetchone()
-    record = json.loads(body)
+        (query,) = db.execute("SELECT body FROM log WHERE kind = 'query' AND number = ?", (number,)).fetchone()
+    record, query = json.loads(body), decode(bytes(query))
+    assert query.name == JOIN
     config = cluster.config
     party = config.party(site)
     me = Site(SiteData(site, load_site_data(party.data, party.columns)), config.study_id,
-              make_scheme("additive", len(config.aggregators)), tuple(s.name for s in config.sites))
-    shares = me.answer(_query(cluster, number, params), seeds={int(j): bytes.fromhex(v) for j, v in record["seeds"].items()})
+              make_scheme("additive", len(config.aggregators)), tuple(s.name for s in config.sites), policy=config.policy)
+    shares = me.answer(query, seeds={int(j): bytes.fromhex(v) for j, v in record["seeds"].items()})
     assert split_mismatch(record, shares) is None
     return shares
 
 
 def test_replayed_and_redirected_shares_are_refused(cluster, study) -> None:
-    total = study.aggregate("sum", {"array": "score"})
-    number = study.history[-1][1]
-    shares = _captured(cluster, "site-a", number, {"array": "score"})
+    total = sr.brier_score(study, "y", "score")
+    number = last_join(study)
+    shares = _captured(cluster, "site-a", number)
     before = snapshot(cluster)
     with pytest.raises(RoundError, match="is closed"):
         call(cluster, "site-a", 0, lambda c: c.send(shares[0]))
@@ -324,12 +434,10 @@ def test_replayed_and_redirected_shares_are_refused(cluster, study) -> None:
         call(cluster, "site-a", 1, lambda c: c.send(shares[0]))
     with pytest.raises(AuthError, match="only submit in its own name"):
         call(cluster, "site-b", 0, lambda c: c.send(shares[0]))
-    other = InputShare(RoundId("other-study", number, shares[0].round_id.query), "site-a", 0, shares[0].encoding,
-                       shares[0].records, shares[0].layout, seed=shares[0].seed, vector=shares[0].vector)
+    other = dataclasses.replace(shares[0], round_id=RoundId("other-study", number, shares[0].round_id.query))
     with pytest.raises(RoundError, match="this aggregator serves 'loopback'"):
         call(cluster, "site-a", 0, lambda c: c.send(other))
-    later = InputShare(RoundId("loopback", number + 1000, shares[0].round_id.query), "site-a", 0, shares[0].encoding,
-                       shares[0].records, shares[0].layout, seed=shares[0].seed, vector=shares[0].vector)
+    later = dataclasses.replace(shares[0], round_id=RoundId("loopback", number + 1000, shares[0].round_id.query))
     with pytest.raises(RoundError, match=f"no round {number + 1000}"):
         call(cluster, "site-a", 0, lambda c: c.send(later))
     # The analyst cannot get a second release over another set, nor reopen the number for another query.
@@ -337,10 +445,14 @@ def test_replayed_and_redirected_shares_are_refused(cluster, study) -> None:
         call(cluster, "analyst", 0, lambda c: c.send(CloseRound(shares[0].round_id, ("site-a", "site-b"))))
     assert type(err.value).__name__ == "PrivacyError"
     with pytest.raises(RoundError, match="already used"):
-        call(cluster, "analyst", 0, lambda c: c.send(_query(cluster, number, {"array": "age"})))
+        call(cluster, "analyst", 0, lambda c: c.send(_query(cluster, number, run="another")))
+    # A round an aggregator has not opened is not released (yet): nothing to fetch.
+    assert call(cluster, "site-a", 0, lambda c: c.release(StatusRequest(later.round_id))) is None
+    # A contributing site gets the release again (the same bytes); it is idempotent.
+    release = call(cluster, "site-b", 0, lambda c: c.release(StatusRequest(shares[0].round_id)))
+    assert isinstance(release, AggregateShare) and release.contributors == ("site-a", "site-b", "site-c")
     assert snapshot(cluster) == before
-    again = study.aggregate("sum", {"array": "score"})  # and the service keeps serving
-    np.testing.assert_array_equal(again["sum"], total["sum"])
+    assert sr.brier_score(study, "y", "score") == total  # and the service keeps serving
 
 
 def test_a_wrong_study_in_a_query_is_refused(cluster) -> None:
@@ -367,12 +479,88 @@ def test_every_service_command_has_help(command: str, capsys: pytest.CaptureFixt
 
 def test_analyze_command_writes_the_report(cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "report"
-    code = main(["analyze", "--study", str(cluster.study_file), "--out", str(out), "--epsilon", "0.5",
-                 "--delta", "0.3", "--l2-sensitivity", "0.05", "--bins", "5"])
+    charged = {s: site_ledger(cluster, s).summary()["dp_releases"] for s in cluster.site_names}
+    code = main(["analyze", "--study", str(cluster.study_file), "--out", str(out)])
     assert code == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
     results = json.loads((out / "results.json").read_text())
     assert 0.5 < results["roc_glm"]["auc"] < 1.0 and results["roc_glm"]["mode"] == "dp"
+    assert results["roc_glm"]["privacy"]["epsilon"] == 0.5  # the policy's, replayed: no new charge
     assert 0.0 < results["brier_score"] < 0.25 and results["sites"] == ["site-a", "site-b", "site-c"]
-    assert "AUC and 0.95 CI" in (out / "report.txt").read_text()
+    assert results["policy"] == POLICY.to_dict() and results["policy_digest"] == POLICY.digest()
+    assert results["contributors"]["calibration"] == ["site-a", "site-b", "site-c"]
+    report = (out / "report.txt").read_text()
+    assert "AUC and 0.95 CI" in report and POLICY.describe() in report
+    assert report.count("contributing sites: site-a, site-b, site-c") == 3 and POLICY.describe() in printed
+    # The policy's own release was made before (or now, once): the analysis replays it.
+    assert all(site_ledger(cluster, s).summary()["dp_releases"] == max(1, charged[s]) for s in cluster.site_names)
+    # Requests outside the policy fail (1) with the rule; bad arguments are configuration errors (2).
+    code = main(["analyze", "--study", str(cluster.study_file), "--out", str(out), "--bins", "7"])
+    assert code == 1 and "calibration bins are fixed by the study at calibration_bins = 5" in capsys.readouterr().err
+    code = main(["analyze", "--study", str(cluster.study_file), "--out", str(out), "--epsilon", "2", "--delta", "0.3"])
+    assert code == 1 and "PolicyError" in capsys.readouterr().err
     code = main(["analyze", "--study", str(cluster.study_file), "--out", str(out), "--epsilon", "zero"])
     assert code == 2 and "--epsilon must be" in capsys.readouterr().err
+
+
+def test_site_check_command(cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``secagg-roc site check``: the site's data against the policy; 0 when clean, 1 with problems."""
+    code = main(["site", "check", "--study", str(cluster.study_file), "--name", "site-a"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "site 'site-a' of study 'loopback': 70 records" in out and POLICY.describe() in out
+    assert "'y': can be label, score, covariate, weight" in out  # no roles: what each column can be
+    assert "'age': can be score, covariate, weight; as a score, 70 value(s) lie outside" in out  # a note only
+    assert "not label (label array 'age'" in out and "70 record" in out  # the operator sees counts
+    spent = site_ledger(cluster, "site-a").summary()["dp_releases"]
+    assert f"dp releases: {spent};" in out and "no problems" in out  # read from the running agent's ledger
+
+    # Another copy of the study: roles declared, and a site whose data break them.
+    rng = np.random.default_rng(3)
+    bad = {"y": rng.integers(0, 3, 4), "score": np.array([0.2, 1.5, -0.1, 0.4]), "age": np.ones(4)}
+    cols = write_site_csv(tmp_path / "bad.csv", bad)
+    raw_policy = dataclasses.replace(POLICY, roles={"label": ("y",), "score": ("score",)})
+    config = cluster.config
+    sites = tuple(dataclasses.replace(s, data=tmp_path / "bad.csv", columns=cols) if s.name == "site-b" else s
+                  for s in config.sites)
+    write_study(dataclasses.replace(config, sites=sites, policy=raw_policy), tmp_path / "study.toml")
+    code = main(["site", "check", "--study", str(tmp_path / "study.toml"), "--name", "site-b",
+                 "--state", str(tmp_path / "none.sqlite")])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "label 'y': " in out and "label 'y': ok" not in out
+    assert "score 'score': 2 score(s) outside the policy's score range [0, 1]" in out
+    assert "records: 4, fewer than q = 5" in out and "problem(s)" in out
+    assert "1.5" not in out and "-0.1" not in out  # counts, never values
+    code = main(["site", "check", "--study", str(cluster.study_file), "--name", "agg-1"])
+    assert code == 2 and "not a site" in capsys.readouterr().err
+
+
+def test_restarted_site_agents_that_consent_run_the_non_private_mode(cluster, study, local) -> None:
+    """Every site agent restarted (its whole log replayed: runs, ledger, releases) with --allow-non-private:
+    the policy allows the mode, every site consents, and the exact result equals the embedded one."""
+    cluster.allow_non_private = True
+    charged = {s: site_ledger(cluster, s).summary()["dp_releases"] for s in cluster.site_names}
+    try:
+        for site in cluster.site_names:
+            cluster.procs[site].send_signal(signal.SIGTERM)  # all at once, then wait for each
+        for site in cluster.site_names:
+            cluster.stop_party(site)
+        for site in cluster.site_names:
+            cluster.start_party(site, wait=False)
+        for site in cluster.site_names:
+            cluster.wait_site(site)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            remote = sr.roc_glm(study, "y", "score", epsilon=None)
+            embedded = sr.roc_glm(local, "y", "score", epsilon=None)
+        assert remote.mode == "non-private" and (remote.auc, remote.ci) == (embedded.auc, embedded.ci)
+        np.testing.assert_array_equal(np.asarray(remote.params), np.asarray(embedded.params))
+        for site in cluster.site_names:
+            summary = site_ledger(cluster, site).summary()
+            assert summary["non_private_releases"] == 1 and summary["dp_releases"] == charged[site]  # no charge
+            assert "refused" not in cluster.log_text(site).split(f"--- starting {site}")[-1]
+        # The replayed ledger still holds the DP releases: a repeat replays them, never new noise.
+        assert sr.roc_glm(study, "y", "score").auc == sr.roc_glm(local, "y", "score").auc
+    finally:
+        cluster.allow_non_private = False

@@ -1,22 +1,32 @@
 """The aggregator service: one process per aggregator, HTTPS, durable rounds.
 
 Run by each Aggregator (``secagg-roc aggregator --study S --name N``). It feeds
-the core round state machine (`aggregator.Aggregator`) exactly the messages the
-embedded federation does, and adds what a deployment needs around it:
+the core round state machine (`aggregator.Aggregator`: runs, their contributor
+sets, the differencing guard) exactly the messages the embedded federation
+does, and adds what a deployment needs around it:
 
 - mutual TLS 1.3 with the study CA; every request's peer is checked by role
   and name from its certificate (only the analyst opens, queries and closes
-  rounds and broadcasts; a site only submits shares and DP releases in its own
-  name and reads the feed; anyone else gets 403);
+  rounds; a site only submits shares and refusals in its own name, reads the
+  feed and fetches the releases of rounds it contributed to; anyone else
+  gets 403);
 - persistence (`store.Store`): every accepted state-changing message is logged
-  before its reply is sent, and the log is replayed on start;
-- the feed sites poll (outbound connections only): open queries and public
-  values, in the analyst's order;
-- DP releases held for the analyst, and site refusals reported to it;
+  before its reply is sent, and the log is replayed on start through the same
+  core calls, which rebuilds the rounds, the runs and the disclosure log;
+- the feed sites poll (outbound connections only): the open rounds in the
+  analyst's order, a run's join to every site, its later rounds only to the
+  run's contributors;
+- releases for the sites: a contributing site fetches this aggregator's
+  `AggregateShare` (or, for a per-site DP round, its `ForwardedShares`) of a
+  released round and combines the aggregators' shares itself, so that its copy
+  of the run's plan moves on with what the aggregators released, never with
+  what the analyst says; the last `RETAIN_RELEASED` releases are held for this;
+- site refusals, reported to the analyst with the round's status;
 - round deadlines: a round still open ``2 * round_timeout_s`` after it was
-  opened is abandoned (logged, and its number is never reused), so failed
-  rounds do not hold ``max_open_rounds`` slots for ever. The analyst stops
-  waiting at ``round_timeout_s``; the extra time lets its close arrive.
+  opened is abandoned (logged, and its number is never reused; its run
+  fails), so failed rounds do not hold ``max_open_rounds`` slots for ever.
+  The analyst stops waiting at ``round_timeout_s``; the extra time lets its
+  close arrive.
 
 `AggregatorState` is the part without I/O (the log replays through it);
 `AggregatorService` is the HTTP and persistence shell around it.
@@ -26,25 +36,21 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import hashlib
 import logging
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 from aiohttp import web
 
-from ..aggregator import Aggregator, RoundPolicy, RoundState
-from ..errors import ConfigError, MessageError, RoundError, SecAggError
+from ..aggregator import Aggregator, Round, RoundPolicy, RoundState
+from ..errors import ConfigError, MessageError, PolicyError, RoundError, SecAggError
 from ..messages import (
     CloseRound,
-    DPRelease,
     ErrorReply,
     InputShare,
     Message,
-    PublicValue,
     Query,
     RoundId,
     RoundStatus,
@@ -52,6 +58,7 @@ from ..messages import (
     decode,
 )
 from ..queries import lookup, query_digest
+from ..queries.run import JOIN
 from ..sharing import make_scheme
 from .config import StudyConfig, load_study
 from .http import (
@@ -69,31 +76,26 @@ from .pki import PartyIdentity
 from .store import Store
 from .tls import AuthError, authorize, peer_identity, server_ssl_context
 
-__all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S", "ABANDON_FACTOR"]
+__all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S", "ABANDON_FACTOR", "RETAIN_RELEASED"]
 
 log = logging.getLogger("secagg_roc.aggregator")
 
-#: Longest a long-poll (feed, status) is held open.
+#: Longest a long-poll (feed, status, release) is held open.
 MAX_WAIT_S = 30.0
 #: A round still open this many round timeouts after it opened is abandoned.
 ABANDON_FACTOR = 2.0
+#: Released rounds whose aggregate share is kept for the sites (and the analyst) to fetch again.
+RETAIN_RELEASED = 64
 
 SCHEME = "additive"
 
 
 @dataclass
 class _Number:
-    """What one analyst number stands for at this aggregator."""
+    """What one analyst number stands for at this aggregator: a round, opened at `at`."""
 
-    kind: str  # "secure" | "dp" | "public"
-    key: Any  # the RoundId of a round, or the digest of a broadcast
+    key: RoundId
     at: float  # when it was accepted (wall clock, from the log, so restarts agree)
-
-
-@dataclass
-class _DPRound:
-    query: Query
-    releases: dict[str, DPRelease] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,8 +111,9 @@ class AggregatorState:
 
     Run by the Aggregator: both for live requests (`apply` then log) and to
     replay the log on start (`apply` the logged entries in order). Every
-    `apply` either raises (`MessageError`, `RoundError`, `PrivacyError`,
-    `SiteQueryError`) and leaves the state unchanged, or applies completely.
+    `apply` either raises (`MessageError`, `RoundError`, `PrivacyError` and
+    its `PolicyError`, `SiteQueryError`) and leaves the state unchanged, or
+    applies completely.
     """
 
     def __init__(self, config: StudyConfig, name: str):
@@ -122,20 +125,23 @@ class AggregatorState:
         self.index = names.index(name)
         self.sites = tuple(s.name for s in config.sites)
         self.scheme = make_scheme(SCHEME, len(config.aggregators))
-        policy = RoundPolicy(
+        policy = config.policy
+        assert policy is not None
+        self.policy_digest = policy.digest()
+        round_policy = RoundPolicy(
             frozenset(self.sites),
-            min_sites=config.min_sites,
-            privacy_level=config.privacy_level,
+            min_sites=policy.min_sites,
+            privacy_level=policy.privacy_level,
             require_records=True,  # a deployed round always applies q to a record count
+            allow_dropouts=policy.allow_dropouts,
         )
-        self.core = Aggregator(config.study_id, self.index, policy, self.scheme, max_open_rounds=config.max_open_rounds)
+        self.core = Aggregator(config.study_id, self.index, round_policy, self.scheme,
+                               max_open_rounds=config.max_open_rounds, retain_released=RETAIN_RELEASED)
         self.numbers: dict[int, _Number] = {}
         self.abandoned: set[int] = set()
-        self.dp: dict[int, _DPRound] = {}
         self.refusals: dict[int, dict[str, ErrorReply]] = {}
-        # The feed: (number, kind, encoded message, value name); a site's cursor is an index into it.
-        self.feed: list[tuple[int, str, bytes, str]] = []
-        self.latest_public: dict[str, int] = {}  # value name -> feed index of its newest broadcast
+        # The feed: (round number, encoded query); a site's cursor is an index into it.
+        self.feed: list[tuple[int, bytes]] = []
 
     # -- queries about the state -------------------------------------------------
 
@@ -146,70 +152,81 @@ class AggregatorState:
 
     def is_open(self, number: int) -> bool:
         """True while round `number` can still take submissions."""
-        use = self.numbers.get(number)
-        if use is None or number in self.abandoned:
-            return False
-        if use.kind == "secure":
-            r = self.core.rounds.get(number)
-            return r is not None and r.state is RoundState.OPEN
-        return use.kind == "dp"
+        r = self.core.rounds.get(number)
+        return number in self.numbers and number not in self.abandoned and r is not None and r.state is RoundState.OPEN
+
+    def is_settled(self, number: int) -> bool:
+        """True once round `number` was released or abandoned: its outcome is final."""
+        r = self.core.rounds.get(number)
+        return number in self.abandoned or (r is not None and r.released_over is not None)
 
     def answered(self, number: int) -> set[str]:
         """Sites that submitted to, or refused, round `number` here."""
         out = set(self.refusals.get(number, {}))
-        use = self.numbers.get(number)
-        if use is not None and use.kind == "secure" and number in self.core.rounds:
-            out |= set(self.core.rounds[number].accepted)
-        elif number in self.dp:
-            out |= set(self.dp[number].releases)
+        r = self.core.rounds.get(number)
+        if r is not None:
+            out |= set(r.accepted)
         return out
 
-    def _open_dp_rounds(self) -> int:
-        return sum(1 for n in self.dp if n not in self.abandoned and not self.answered(n) >= set(self.sites))
+    def expected(self, number: int) -> frozenset[str]:
+        """The sites round `number` is for: every site for a run's join, the run's contributors after it."""
+        r = self.core.rounds.get(number)
+        if r is None or r.query.name == JOIN:
+            return frozenset(self.sites)
+        run_id = r.query.params.get("run")
+        run = self.core.runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None or run.contributors is None:
+            return frozenset(self.sites)
+        return frozenset(run.contributors)
 
-    def _round_use(self, rid: RoundId, kind: str | None = None) -> _Number:
+    def _round(self, rid: RoundId) -> Round:
         if rid.study != self.config.study_id:
             raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.config.study_id!r}")
         use = self.numbers.get(rid.number)
-        if use is None or use.kind == "public":
+        if use is None:
             raise RoundError(f"no round {rid.number} in study {rid.study!r} at aggregator {self.name!r}")
         if use.key != rid:
             raise RoundError(f"round {rid.number} at aggregator {self.name!r} is for a different query than {rid}")
         if rid.number in self.abandoned:
             raise RoundError(f"{rid} was abandoned after its deadline; nothing more is accepted or released")
-        if kind is not None and use.kind != kind:
-            want = "a secure-sum round (InputShare)" if use.kind == "secure" else "a DP round (DPRelease)"
-            raise RoundError(f"{rid} is {want}")
-        return use
+        return self.core.round(rid)
 
     def status(self, rid: RoundId) -> RoundStatus:
-        use = self._round_use(rid)
-        if use.kind == "secure":
-            return self.core.round(rid).status()
-        return RoundStatus(rid, tuple(sorted(self.dp[rid.number].releases)), False)
+        return self._round(rid).status()
 
     def refusal_replies(self, rid: RoundId) -> list[ErrorReply]:
         return [self.refusals[rid.number][s] for s in sorted(self.refusals.get(rid.number, {}))]
 
-    def releases(self, rid: RoundId) -> list[DPRelease]:
-        self._round_use(rid, "dp")
-        rnd = self.dp[rid.number]
-        return [rnd.releases[s] for s in sorted(rnd.releases)]
+    def release_for(self, site: str, rid: RoundId) -> Message | None:
+        """This aggregator's share of round `rid`'s release for contributing `site`; None until released.
+
+        A round this aggregator has not opened yet is not released yet either
+        (the analyst may open it here later, e.g. after this aggregator restarted).
+        """
+        if rid.study == self.config.study_id and rid.number not in self.numbers:
+            return None
+        r = self._round(rid)
+        if r.released_over is None:
+            return None
+        if site not in r.released_over:
+            raise PolicyError(
+                f"site {site!r} is not in the contributor set of {rid}; only a contributing site receives its release"
+            )
+        if r.released is None:
+            raise RoundError(f"{rid} was released long ago; aggregator {self.name!r} no longer holds its share")
+        return r.released
 
     def feed_for(self, site: str, since: int) -> tuple[int, list[tuple[int, bytes]]]:
         """Feed entries after cursor `since` that `site` still needs, and the next cursor.
 
-        Queries of closed, abandoned or already answered rounds are left out, and
-        so are broadcasts a later broadcast of the same name replaced, so a
-        restarted site agent catches up with only what is current.
+        Only open rounds meant for `site` (see `expected`) that it has not
+        answered here, so a restarted site agent catches up with what is current
+        and a site never sees the later rounds of a run it is not part of.
         """
         out = []
         for pos in range(max(0, since), len(self.feed)):
-            number, kind, body, name = self.feed[pos]
-            if kind == "public":
-                if self.latest_public.get(name) != pos:
-                    continue
-            elif not self.is_open(number) or site in self.answered(number):
+            number, body = self.feed[pos]
+            if not self.is_open(number) or site in self.answered(number) or site not in self.expected(number):
                 continue
             out.append((number, body))
         return len(self.feed), out
@@ -217,7 +234,7 @@ class AggregatorState:
     def expired(self, now: float, timeout: float) -> list[int]:
         """Rounds still open `ABANDON_FACTOR` timeouts after they were opened."""
         horizon = ABANDON_FACTOR * timeout
-        return [n for n, u in self.numbers.items() if u.kind != "public" and self.is_open(n) and now - u.at > horizon]
+        return [n for n, u in self.numbers.items() if self.is_open(n) and now - u.at > horizon]
 
     # -- applying messages -------------------------------------------------------
 
@@ -227,22 +244,17 @@ class AggregatorState:
             return self._query(_expect(message, Query), at, body)
         if kind == "share":
             share = _expect(message, InputShare)
-            self._round_use(share.round_id, "secure")
-            r = self.core.round(share.round_id)
+            r = self._round(share.round_id)
+            self._check_expected(share.site, share.round_id)
             new = r.submit(share)
             # The acknowledgement names only the submitter: a site never learns who else took part.
-            return Applied(RoundStatus(r.round_id, (share.site,), r.released is not None), new)
+            return Applied(RoundStatus(r.round_id, (share.site,), r.released_over is not None), new)
         if kind == "close":
             close = _expect(message, CloseRound)
-            self._round_use(close.round_id, "secure")
-            r = self.core.round(close.round_id)
-            before = r.released
-            reply = r.close(close.contributors)
+            r = self._round(close.round_id)
+            before = r.released_over
+            reply = self.core.close(close)  # the run's rules and the differencing guard
             return Applied(reply, before is None)
-        if kind == "dprelease":
-            return self._dp_release(_expect(message, DPRelease))
-        if kind == "public":
-            return self._public(number, _expect(message, PublicValue), at, body)
         if kind == "refusal":
             return self._refusal(party, message)
         if kind == "abandon":
@@ -255,64 +267,45 @@ class AggregatorState:
             raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.config.study_id!r}")
         if query_digest(rid.study, query.name, query.params, query.frac_bits) != rid.query:
             raise MessageError(f"round {rid.number}: query digest does not match {query.name!r} and its parameters")
-        kind = "dp" if lookup(query.name).release == "dp" else "secure"  # unknown names: SiteQueryError
+        # Only registered site queries: the embedded `secure_sum` primitive has no place in a deployment.
+        lookup(query.name)  # SiteQueryError for anything else
         use = self.numbers.get(rid.number)
         if use is not None:
-            if use.kind != kind or use.key != rid:
-                raise RoundError(f"round number {rid.number} of {rid.study!r} is already used for another query or broadcast")
+            if use.key != rid:
+                raise RoundError(f"round number {rid.number} of {rid.study!r} is already used for another query")
             if rid.number in self.abandoned:
                 raise RoundError(f"{rid} was abandoned after its deadline; open a new round")
             return Applied(self.status(rid), False)  # the same query again: idempotent
-        if self.core.open_rounds() + self._open_dp_rounds() >= self.config.max_open_rounds:
+        if query.name == JOIN and query.params.get("policy") != self.policy_digest:
+            raise PolicyError(
+                f"{rid}: the run is declared under another policy than this study's [policy] "
+                "(the analyst's study file differs from the aggregators')"
+            )
+        if self.core.open_rounds() >= self.config.max_open_rounds:
             raise RoundError(
                 f"aggregator {self.name!r} already has {self.config.max_open_rounds} open rounds (max_open_rounds); "
                 "close some first or wait until they are abandoned"
             )
-        if kind == "secure":
-            reply = self.core.open(query)
-        else:
-            self.dp[rid.number] = _DPRound(query)
-            reply = RoundStatus(rid, (), False)
-        self.numbers[rid.number] = _Number(kind, rid, at)
-        self.feed.append((rid.number, "query", body or query.encode(), ""))
+        reply = self.core.open(query)  # a run's rounds only, in the order of its plan (PolicyError otherwise)
+        self.numbers[rid.number] = _Number(rid, at)
+        self.feed.append((rid.number, body or query.encode()))
         return Applied(reply, True)
 
-    def _dp_release(self, release: DPRelease) -> Applied:
-        self._round_use(release.round_id, "dp")
-        if release.site not in self.sites:
-            raise RoundError(f"unknown site {release.site!r}: not registered in study {self.config.study_id!r}")
-        rnd = self.dp[release.round_id.number]
-        previous = rnd.releases.get(release.site)
-        if previous is not None:
-            if previous.layout == release.layout and np.array_equal(previous.vector, release.vector):
-                return Applied(RoundStatus(release.round_id, (release.site,), False), False)
-            raise RoundError(f"site {release.site!r} already released different values for {release.round_id}")
-        rnd.releases[release.site] = release
-        return Applied(RoundStatus(release.round_id, (release.site,), False), True)
-
-    def _public(self, number: int, value: PublicValue, at: float, body: bytes) -> Applied:
-        if value.study != self.config.study_id:
-            raise MessageError(f"public value for study {value.study!r}; this aggregator serves {self.config.study_id!r}")
-        if not 0 <= number < 2**63:
-            raise MessageError(f"broadcast number {number} out of range")
-        encoded = body or value.encode()
-        digest = hashlib.sha256(encoded).digest()
-        use = self.numbers.get(number)
-        if use is not None:
-            if use.kind == "public" and use.key == digest:
-                return Applied(None, False)
-            raise RoundError(f"number {number} of {value.study!r} is already used for another query or broadcast")
-        self.numbers[number] = _Number("public", digest, at)
-        self.latest_public[value.name] = len(self.feed)
-        self.feed.append((number, "public", encoded, value.name))
-        return Applied(None, True)
+    def _check_expected(self, site: str, rid: RoundId) -> None:
+        """Refuse a site that is not part of the round's run (it never saw the round in its feed)."""
+        if site in self.sites and site not in self.expected(rid.number):
+            raise PolicyError(
+                f"site {site!r} is not in the contributor set of the run {rid} belongs to; "
+                "a run's later rounds take shares from its contributors only"
+            )
 
     def _refusal(self, site: str, message: Message | None) -> Applied:
         if not isinstance(message, _Refusal):
             raise MessageError("a refusal is a StatusRequest naming the round and an ErrorReply saying why")
-        self._round_use(message.round_id)
+        self._round(message.round_id)
         if site not in self.sites:
             raise RoundError(f"unknown site {site!r}")
+        self._check_expected(site, message.round_id)
         if site in self.refusals.get(message.round_id.number, {}):
             return Applied(None, False)  # the first reason stands
         text = message.reply.text
@@ -325,9 +318,8 @@ class AggregatorState:
         if number not in self.numbers or number in self.abandoned:
             return Applied(None, False)
         self.abandoned.add(number)
-        # Free the shares and the open-round slot; the number stays used (self.numbers) for ever.
+        # Free the shares and the open-round slot; the number stays used (self.numbers) for ever; its run fails.
         self.core.abandon(number)
-        self.dp.pop(number, None)
         self.refusals.pop(number, None)
         return Applied(None, True)
 
@@ -381,7 +373,6 @@ _MESSAGE_KINDS: dict[type, tuple[str, frozenset[str]]] = {
     StatusRequest: ("status", _ANALYST),
     CloseRound: ("close", _ANALYST),
     InputShare: ("share", _SITE),
-    DPRelease: ("dprelease", _SITE),
 }
 
 
@@ -421,8 +412,7 @@ class AggregatorService:
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors])
         app.router.add_post("/v1/message", self._message)
         app.router.add_post("/v1/status", self._status)
-        app.router.add_post("/v1/releases", self._releases)
-        app.router.add_post("/v1/broadcast", self._broadcast)
+        app.router.add_post("/v1/release", self._release)
         app.router.add_post("/v1/refusal", self._refusal)
         app.router.add_get("/v1/feed", self._feed)
         app.router.add_get("/v1/info", self._info)
@@ -553,7 +543,7 @@ class AggregatorService:
         kind, roles = entry
         if peer.role not in roles:
             raise AuthError(f"{peer.role} {peer.name!r} may not send {message.kind} messages")
-        if kind in ("share", "dprelease") and message.site != peer.name:
+        if kind == "share" and message.site != peer.name:
             raise AuthError(f"site {peer.name!r} may only submit in its own name, not as {message.site!r}")
         if kind == "status":
             async with self._lock:
@@ -570,27 +560,24 @@ class AggregatorService:
         if not isinstance(message, StatusRequest):
             raise MessageError(f"/v1/status takes a StatusRequest, not {message.kind}")
         rid = message.round_id
-        everyone = set(self.state.sites)
         self.state.status(rid)  # refuse unknown rounds before waiting
-        await self._wait(lambda: not self.state.is_open(rid.number) or self.state.answered(rid.number) >= everyone, wait)
-        return _frames([self.state.status(rid), *self.state.refusal_replies(rid)])
+        n = rid.number
+        await self._wait(lambda: not self.state.is_open(n) or self.state.answered(n) >= self.state.expected(n), wait)
+        async with self._lock:
+            return _frames([self.state.status(rid), *self.state.refusal_replies(rid)])
 
-    async def _releases(self, request: web.Request) -> web.Response:
-        self._peer(request, _ANALYST)
+    async def _release(self, request: web.Request) -> web.Response:
+        peer = self._peer(request, _SITE)
+        wait = _float_param(request, "wait", 0.0)
         message = decode(await self._body(request))
         if not isinstance(message, StatusRequest):
-            raise MessageError(f"/v1/releases takes a StatusRequest, not {message.kind}")
-        return _frames(self.state.releases(message.round_id))
-
-    async def _broadcast(self, request: web.Request) -> web.Response:
-        self._peer(request, _ANALYST)
-        number = _int_param(request, "number")
-        body = await self._body(request)
-        message = decode(body)
-        if not isinstance(message, PublicValue):
-            raise MessageError(f"/v1/broadcast takes a PublicValue, not {message.kind}")
-        await self._apply("public", message, body, number=number)
-        return web.Response(status=204)
+            raise MessageError(f"/v1/release takes a StatusRequest, not {message.kind}")
+        rid = message.round_id
+        self.state.release_for(peer.name, rid)  # refuse unknown rounds and non-contributors before waiting
+        await self._wait(lambda: self.state.is_settled(rid.number), wait)
+        async with self._lock:
+            release = self.state.release_for(peer.name, rid)
+        return _frames([] if release is None else [release])
 
     async def _refusal(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _SITE)
@@ -619,6 +606,7 @@ class AggregatorService:
             "sites": list(self.state.sites),
             "next_number": self.state.next_number,
             "open_rounds": self.state.core.open_rounds(),
+            "policy": self.state.policy_digest,
         }
         return web.json_response(info)
 
@@ -662,6 +650,7 @@ def stop_event(*, stop_on_eof: bool) -> asyncio.Event:
     with a pipe: if the parent dies, even by SIGKILL, the pipe closes and no
     aggregator or site agent is left behind.
     """
+    import os
     import sys
     import threading
 
@@ -671,13 +660,20 @@ def stop_event(*, stop_on_eof: bool) -> asyncio.Event:
         loop.add_signal_handler(sig, stop.set)
     if stop_on_eof:
 
+        fd = sys.stdin.fileno()
+
         def watch() -> None:
+            # The raw file descriptor, not sys.stdin's buffered reader: a daemon thread blocked in the
+            # reader holds its lock, and the interpreter aborts on it at shutdown ("_enter_buffered_busy").
             try:
-                while sys.stdin.buffer.read(4096):
+                while os.read(fd, 4096):
                     pass
             except (OSError, ValueError):
                 pass
-            loop.call_soon_threadsafe(stop.set)
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:  # the loop is already closed: the process is stopping anyway
+                pass
 
         threading.Thread(target=watch, name="stdin-watch", daemon=True).start()
     return stop

@@ -1,4 +1,4 @@
-"""`secagg-roc aggregator`, `secagg-roc site` and `secagg-roc analyze`: run a deployed study.
+"""`secagg-roc aggregator`, `secagg-roc site` (and `site check`) and `secagg-roc analyze`: run a deployed study.
 
 Wired into the main CLI by `add_service_parsers` (when aiohttp, the [deploy]
 extra, is installed). Each party runs its own command on its own machine with
@@ -19,7 +19,8 @@ from typing import Any
 
 from ..errors import ConfigError, SecAggError
 
-__all__ = ["add_service_parsers", "run_aggregator_command", "run_site_command", "run_analyze_command"]
+__all__ = ["add_service_parsers", "run_aggregator_command", "run_site_command", "run_analyze_command", "site_check",
+           "analyze"]
 
 _FORMAT = argparse.RawDescriptionHelpFormatter
 
@@ -29,7 +30,11 @@ the study CA) that receives the sites' secret shares, keeps every accepted
 message in its SQLite database (state/<name>.sqlite unless the study file says
 otherwise), and releases its share of a total only over the contributor set
 the analyst agreed with all aggregators, once per round, and only when that
-set has at least min_sites sites and q records.
+set has at least min_sites sites and q records. Every round belongs to a run
+of a declared analysis: its join fixes the run's contributor set, its later
+rounds open in plan order and release over exactly that set, and no exact
+release may be differenced against an earlier one. Contributing sites fetch
+each release from it to move their own copy of the run on.
 
 It listens on the host and port the study file gives for NAME, and needs:
   ca.pem, keys/NAME/cert.pem, keys/NAME/key.pem (SECRET)   made by `secagg-roc keys`
@@ -39,26 +44,39 @@ Stop it with Ctrl-C or SIGTERM.
 """
 
 _SITE_DESCRIPTION = """\
-Run the agent of one site: it reads the site's records from the CSV file the
+Run the agent of one site: it reads the site's records from the data file the
 study file names (columns mapped to array names there), then connects OUT to
-every aggregator (it never listens on a port), fetches the analyst's queries,
-and answers each one it allows with secret shares (one per aggregator) or,
-for queries declared differentially private, with noised values. It refuses
-queries not in its allowed_queries and tells the analyst why.
+every aggregator (it never listens on a port), fetches the analyst's rounds,
+and checks each against the study's [policy], the run's plan and the site's
+own ledger before it answers with secret shares (one per aggregator). It
+refuses anything else and tells the analyst why (naming the rule, never a
+value of its data). It takes each round's release from the aggregators
+itself, so the analyst cannot steer a run's next round.
+
+  secagg-roc site       --study S --name N   run the agent (until Ctrl-C or SIGTERM)
+  secagg-roc site check --study S --name N   check the site's data against the policy and exit:
+      for the policy's roles (or, without roles, every column) what would stop a
+      run, how many scores lie outside the policy's score range (they are clipped),
+      the record count against q, and the budget the site's ledger has spent.
+      Exit status 0 when nothing needs fixing, 1 otherwise.
 
 Needs: ca.pem, keys/NAME/cert.pem, keys/NAME/key.pem (SECRET), the data file.
-Its answers are logged in --state before they are sent (for secure sums: the
-split's seeds and digests), so after a restart it re-creates and re-sends the
-same shares instead of new ones, and refuses a round whose shares it can no
-longer re-create because its data changed.
+Its answers and ledger are logged in --state before they are sent (for shares:
+the split's seeds and digests), so after a restart it re-creates and re-sends
+the same shares instead of new ones, replays its DP releases instead of
+drawing new noise, and refuses a round whose shares it can no longer
+re-create because its data changed.
 """
 
 _ANALYZE_DESCRIPTION = """\
 Run the distributed validation of a prediction model against a deployed study,
-as its analyst: the ROC-GLM with its AUC and DeLong confidence interval (DP
-survivor functions by default), the Brier score and the calibration curve.
-Every aggregator and every site agent must be running. Writes to --out:
-  report.txt    the results as text
+as its analyst: the ROC-GLM with its AUC and DeLong confidence interval, the
+Brier score and the calibration curve. What may be released is the sites'
+[policy] in the study file: the DP parameters of the ROC-GLM's per-site
+release come from it (--epsilon/--delta/--l2-sensitivity/--mechanism may only
+ask for MORE noise), and so do the calibration bins (--bins, if given, must be
+the policy's). Every aggregator and every site agent must be running. Writes to --out:
+  report.txt    the results as text, with the policy and each result's contributing sites
   results.json  the same, machine-readable
   roc.png, calibration.png   when matplotlib is installed
 """
@@ -66,6 +84,7 @@ Every aggregator and every site agent must be running. Writes to --out:
 _EXAMPLES = """\
 example, on one machine (each command in its own terminal):
   secagg-roc keys       --study study.toml
+  secagg-roc site check --study study.toml --name hospital-a   (each site, before it joins)
   secagg-roc aggregator --study study.toml --name agg-1
   secagg-roc aggregator --study study.toml --name agg-2
   secagg-roc site       --study study.toml --name hospital-a
@@ -101,15 +120,18 @@ def add_service_parsers(subparsers: Any) -> None:
     _common(agg, "aggregator")
     agg.set_defaults(func=run_aggregator_command)
 
-    site = subparsers.add_parser("site", help="run one site's agent of a deployed study (outbound only)",
+    site = subparsers.add_parser("site", help="run one site's agent of a deployed study (outbound only), or check its data",
                                  description=_SITE_DESCRIPTION, epilog=_EXAMPLES, formatter_class=_FORMAT)
+    site.add_argument("action", nargs="?", choices=("run", "check"), default="run",
+                      help="'run' the agent (default) or 'check' the site's data against the policy and exit")
     _common(site, "site")
     site.add_argument("--seed", type=int, default=None,
                       help="seed of this site's DP noise, for reproducible runs (default: from the operating system)")
     site.add_argument("--state", default=None, metavar="PATH",
                       help="the agent's own database (default: state/NAME.sqlite next to the study file)")
     site.add_argument("--allow-non-private", action="store_true",
-                      help="permit queries that ask for an exact (non-private) release of this site's scores")
+                      help="this site's consent to the non-private validation mode (exact scores to the analyst); "
+                           "the study's policy must allow it as well")
     site.set_defaults(func=run_site_command)
 
     ana = subparsers.add_parser("analyze", help="run ROC-GLM, AUC CI, Brier score and calibration on a deployed study",
@@ -119,14 +141,16 @@ def add_service_parsers(subparsers: Any) -> None:
     ana.add_argument("--label", default="y", help="array name of the 0/1 outcome at the sites (default: %(default)s)")
     ana.add_argument("--score", default="score", help="array name of the model's predicted probability (default: %(default)s)")
     ana.add_argument("--epsilon", default="auto",
-                     help="DP epsilon: a number (needs --delta), 'auto' for the paper's recommendation "
-                          "(needs --l2-sensitivity or --covariates), or 'none' for the NON-PRIVATE mode "
-                          "(sites must allow it) (default: %(default)s)")
-    ana.add_argument("--delta", type=float, default=None, help="DP delta, with a numeric --epsilon")
-    ana.add_argument("--l2-sensitivity", type=float, default=None, help="the score's l2-sensitivity, if known")
-    ana.add_argument("--covariates", default=None,
-                     help="comma-separated covariate array names to estimate the l2-sensitivity over the sites")
-    ana.add_argument("--bins", type=int, default=10, help="calibration bins (default: %(default)s)")
+                     help="DP epsilon of the ROC-GLM's per-site release: 'auto' takes the policy's (epsilon, delta); "
+                          "a number (with --delta) no larger than the policy's asks for more noise; 'none' is the "
+                          "NON-PRIVATE validation mode, which the policy and every site must allow (default: %(default)s)")
+    ana.add_argument("--delta", type=float, default=None, help="DP delta, with a numeric --epsilon (at most the policy's)")
+    ana.add_argument("--l2-sensitivity", type=float, default=None,
+                     help="a larger l2-sensitivity than the policy's (more noise); never a smaller one")
+    ana.add_argument("--mechanism", choices=("analytic", "classic"), default=None,
+                     help="the Gaussian calibration (default: the policy's); it may only add noise")
+    ana.add_argument("--bins", type=int, default=None,
+                     help="calibration bins: fixed by the policy (calibration_bins); if given, must equal it")
     ana.add_argument("--alpha", type=float, default=0.05, help="1 - confidence level (default: %(default)s)")
     ana.add_argument("--round-timeout", type=float, default=None, metavar="SECONDS",
                      help="how long to wait for the sites in each round (default: the study's round_timeout_s)")
@@ -151,7 +175,18 @@ def run_aggregator_command(args: argparse.Namespace) -> int:
 
 
 def run_site_command(args: argparse.Namespace) -> int:
-    """``secagg-roc site``: follow the aggregators until stopped; 2 on a configuration error."""
+    """``secagg-roc site``: follow the aggregators until stopped; 2 on a configuration error.
+
+    ``secagg-roc site check``: print the site's data check; 0 when clean, 1 with problems, 2 on a configuration error.
+    """
+    if args.action == "check":
+        try:
+            text, clean = site_check(args.study, args.name, state_path=args.state)
+        except ConfigError as exc:
+            print(f"secagg-roc site check: error: {exc}", file=sys.stderr)
+            return 2
+        print(text)
+        return 0 if clean else 1
     _logging(args.log_level)
     from .site_agent import run_site
 
@@ -163,6 +198,100 @@ def run_site_command(args: argparse.Namespace) -> int:
         print(f"secagg-roc site: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -> tuple[str, bool]:
+    """Run by a Site's operator: its data against the study's policy; (report text, True when nothing to fix).
+
+    For the policy's roles (or, with no roles, every column in every role)
+    what `queries.checks.role_problems` finds; how many scores lie outside
+    the policy's score range (clipped in every analysis); the record count
+    against q (a site with fewer takes no part in per-site DP releases); and
+    what the site's ledger has released so far. Local only: nothing leaves the site.
+    """
+    import numpy as np
+
+    from ..plans import PLANS
+    from ..policy import ROLES
+    from ..queries import SiteData
+    from ..queries.checks import out_of_range, role_problems
+    from .config import SiteConfig, load_study
+    from .site_agent import default_state_path, load_site_data, read_ledger
+
+    config = study if not isinstance(study, (str, Path)) else load_study(study)
+    party = config.party(name)
+    if not isinstance(party, SiteConfig):
+        raise ConfigError(f"{name!r} is a {party.role} of study {config.study_id!r}, not a site")
+    policy = config.policy
+    data = SiteData(name, load_site_data(party.data, party.columns))
+    records = data.records()
+    lo, hi = policy.score_range
+    lines = [
+        f"site {name!r} of study {config.study_id!r}: {records} records from {party.data}",
+        f"policy {policy.digest()[:12]}: {policy.describe()}",
+        f"analyses allowed: {', '.join(policy.analyses)}",
+        "",
+    ]
+    problems: list[str] = []
+
+    def check(role: str, array: str) -> list[str]:
+        return role_problems(data, [(role, array)], detail=True)  # counts: for the operator, never the analyst
+
+    if policy.roles is not None:
+        lines.append("arrays in the roles the policy allows:")
+        uses = [(role, array) for role in ROLES for array in policy.roles.get(role, ())]
+        for role, array in uses:
+            found = check(role, array)
+            if not found and role == "score":
+                outside = out_of_range(data, array, lo, hi)
+                if outside:
+                    found = [f"{outside} score(s) outside the policy's score range [{lo:g}, {hi:g}]; "
+                             "they will be clipped to it"]
+            lines.append(f"  {role} {array!r}: " + ("ok" if not found else "; ".join(found)))
+            problems += [f"{role} {array!r}: {p}" for p in found]
+        joint = [p for p in role_problems(data, uses, detail=True) if p not in {q for u in uses for q in check(*u)}]
+        for p in joint:
+            lines.append(f"  {p}")
+        problems += joint
+    else:
+        lines.append("the policy declares no roles: every array may play any role; what each can be:")
+        lengths = {}
+        for array in data.arrays:
+            usable, why = [], []
+            for role in ROLES:
+                found = check(role, array)
+                (why.append(f"not {role} ({'; '.join(found)})") if found else usable.append(role))
+            text = f"can be {', '.join(usable)}" if usable else "can play no role"
+            if "score" in usable:
+                outside = out_of_range(data, array, lo, hi)
+                if outside:
+                    text += (f"; as a score, {outside} value(s) lie outside the policy's score range "
+                             f"[{lo:g}, {hi:g}] and would be clipped")
+            lines.append(f"  {array!r}: {text}" + (f"; {'; '.join(why)}" if why and usable else ""))
+            if not usable:
+                problems.append(f"{array!r} can play no role: {'; '.join(why)}")
+            lengths[array] = int(np.asarray(data.arrays[array]).shape[0]) if np.ndim(data.arrays[array]) else 1
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{n}: {k}" for n, k in sorted(lengths.items()))
+            problem = f"arrays must have one entry per record; lengths differ ({detail})"
+            lines.append(f"  {problem}")
+            problems.append(problem)
+    per_site = sorted(a for a in policy.analyses if a in PLANS and PLANS[a].per_site)
+    lines.append("")
+    if records < policy.privacy_level:
+        text = f"records: {records}, fewer than q = {policy.privacy_level}"
+        if per_site:
+            text += f": this site takes no part in per-site (DP) releases ({', '.join(per_site)})"
+            problems.append(text)
+        lines.append(text)
+    else:
+        lines.append(f"records: {records} (q = {policy.privacy_level}): enough to take part in every analysis")
+    path = Path(state_path) if state_path is not None else default_state_path(config, name)
+    if path.exists():
+        summary = read_ledger(path, policy, name).summary()
+        lines.append(f"ledger ({path}): " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in summary.items()))
+    lines += ["", f"{len(problems)} problem(s)" if problems else "no problems: the site is ready"]
+    return "\n".join(lines), not problems
 
 
 def _epsilon(text: str) -> float | str | None:
@@ -180,41 +309,64 @@ def _epsilon(text: str) -> float | str | None:
 
 
 def analyze(study: Any, out: str | Path, *, label: str = "y", score: str = "score", epsilon: float | str | None = "auto",
-            delta: float | None = None, l2_sensitivity: float | None = None, covariates: list[str] | None = None,
-            bins: int = 10, alpha: float = 0.05) -> dict[str, Any]:
-    """Run by the Analyst: ROC-GLM + CI, Brier score and calibration on any `Study`; write the report."""
+            delta: float | None = None, l2_sensitivity: float | None = None, mechanism: str | None = None,
+            bins: int | None = None, alpha: float = 0.05) -> dict[str, Any]:
+    """Run by the Analyst: ROC-GLM + CI, Brier score and calibration on any `Study`; write the report.
+
+    Privacy comes from the study's policy; `epsilon`, `delta`, `l2_sensitivity`
+    and `mechanism` may only ask for more noise, ``epsilon=None`` is the
+    non-private mode (the policy must allow it), and `bins` must be the
+    policy's calibration bins if given.
+    """
     from ..stats import brier_score, calibration_curve, roc_glm
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    policy = study.policy
     started = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         roc = roc_glm(study, label=label, score=score, epsilon=epsilon, delta=delta,
-                      l2_sensitivity=l2_sensitivity, covariates=covariates, alpha=alpha)
+                      l2_sensitivity=l2_sensitivity, mechanism=mechanism, alpha=alpha)
         brier = brier_score(study, label, score)
         calibration = calibration_curve(study, label, score, n_bins=bins)
     seconds = time.perf_counter() - started
     notes = sorted({f"{w.category.__name__}: {w.message}" for w in caught})
+    contributors = {
+        "roc_glm": list(roc.contributors or ()),
+        "brier_score": list(brier.contributors or ()),
+        "calibration": list(calibration.contributors or ()),
+    }
     results = {
         "study": getattr(study, "study_id", None),
         "sites": list(study.sites),
-        "privacy_level": study.privacy_level,
+        "privacy_level": policy.privacy_level,
+        "policy": policy.to_dict(),
+        "policy_digest": policy.digest(),
+        "contributors": contributors,
         "roc_glm": roc.to_dict(),
-        "brier_score": brier,
+        "brier_score": float(brier),
         "calibration": calibration.to_dict(),
         "warnings": notes,
         "seconds": seconds,
     }
+
+    def sites(result: str) -> str:
+        return f"contributing sites: {', '.join(contributors[result])}"
+
     report = "\n".join([
         f"Distributed validation of {score!r} against {label!r}",
-        f"study {results['study']!r}: {len(study.sites)} sites ({', '.join(study.sites)}), q = {study.privacy_level}",
+        f"study {results['study']!r}: {len(study.sites)} sites ({', '.join(study.sites)})",
+        f"policy {policy.digest()[:12]}: {policy.describe()}",
         "",
         repr(roc),
+        sites("roc_glm"),
         "",
-        f"Brier score: {brier:.6f}",
+        f"Brier score: {float(brier):.6f} over {brier.n_records} records",
+        sites("brier_score"),
         "",
         repr(calibration),
+        sites("calibration"),
         "",
         *(f"warning: {n}" for n in notes),
         f"({seconds:.2f} s)",
@@ -243,15 +395,14 @@ def _json_default(value: Any) -> Any:
 
 
 def run_analyze_command(args: argparse.Namespace) -> int:
-    """``secagg-roc analyze``: 0 on success, 1 if the analysis failed, 2 on a configuration error."""
+    """``secagg-roc analyze``: 0 on success, 1 if the analysis failed or was refused, 2 on a configuration error."""
     from .remote_study import RemoteStudy
 
     try:
         eps = _epsilon(args.epsilon)
-        covariates = [c.strip() for c in args.covariates.split(",") if c.strip()] if args.covariates else None
         with RemoteStudy(args.study, round_timeout_s=args.round_timeout) as study:
             results = analyze(study, args.out, label=args.label, score=args.score, epsilon=eps, delta=args.delta,
-                              l2_sensitivity=args.l2_sensitivity, covariates=covariates, bins=args.bins,
+                              l2_sensitivity=args.l2_sensitivity, mechanism=args.mechanism, bins=args.bins,
                               alpha=args.alpha)
     except ConfigError as exc:
         print(f"secagg-roc analyze: error: {exc}", file=sys.stderr)

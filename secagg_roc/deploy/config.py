@@ -52,7 +52,8 @@ Example (every key of the schema; the ones marked optional show their default)::
     data = "data/hospital-a.csv"
     # array name used by site queries -> CSV column (a list makes a matrix, one column each)
     columns = { y = "cens", score = "pred", X = ["age", "tsize"] }
-    allowed_queries = ["column_sum", "roc_glm_scores"]   # optional; omitted = every registered query
+    # optional; omitted = every registered site query (see `secagg_roc.queries.QUERIES`)
+    allowed_queries = ["calibration.brier", "calibration.bins"]
 
     [[sites]]
     name = "hospital-b"
@@ -61,6 +62,33 @@ Example (every key of the schema; the ones marked optional show their default)::
 
     [analyst]
     name = "analyst"
+
+    # The sites' privacy policy (`secagg_roc.policy.Policy`): what the study may
+    # release. Every site checks every request against it; q and min_sites are
+    # the [study] keys above (they are part of the policy, and set only there).
+    [policy]
+    min_cell_count = 5              # optional (default: q): fewest records in a released table cell
+    allow_dropouts = false          # optional: may a run start without every site?
+    allow_non_private = false       # optional: may the exact-score validation mode run at all?
+    analyses = ["glm", "rocglm", "brier", "calibration"]   # optional (this is the default)
+    score_range = [0.0, 1.0]        # optional: public score range; scores outside it are clipped
+    calibration_bins = 10          # optional: the calibration curve's fixed bins
+    rocglm_thresholds = 30          # optional: the ROC-GLM's fixed threshold grid
+    sensitivity_resolution = 0.0001 # optional: grid of the l2-sensitivity estimate
+
+    [policy.roles]                  # optional; omitted = any array in any role (one role per analysis)
+    label = ["y"]
+    score = ["score"]
+    covariate = ["X"]
+
+    [policy.dp]                     # optional; omitted = no differentially private release at all
+    epsilon = 0.5                   # the most one DP release may cost (an analyst may ask for less)
+    delta = 0.3
+    l2_sensitivity = 0.05           # an analyst may ask for a larger one, never a smaller
+    mechanism = "analytic"          # optional: "analytic" or "classic" (the paper's)
+    budget_epsilon = 1.0            # optional (default: one release): all of one site's DP releases
+    budget_delta = 0.5              # optional
+    accounting = "gaussian"         # optional: "gaussian" (exact composition) or "basic" (sums)
 
 Unknown keys are refused (a misspelt security setting must not be silently
 ignored). Files are not required to exist when the study is loaded: the analyst
@@ -80,7 +108,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Mapping, Sequence, Union
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PolicyError
+from ..policy import ACCOUNTING, MECHANISMS, ROLES as POLICY_ROLES, DPPolicy, Policy
 
 __all__ = [
     "ROLES",
@@ -99,6 +128,7 @@ __all__ = [
     "dumps_study",
     "write_study",
     "loopback_study",
+    "policy_table",
 ]
 
 #: The roles a party can have; bound into its certificate.
@@ -241,8 +271,20 @@ class StudyConfig:
     round_timeout_s: float = 300.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_open_rounds: int = 16
+    #: The sites' privacy policy (the ``[policy]`` table); its q and min_sites are the two fields above.
+    policy: Policy | None = None
     # The file it was read from: for messages and for writing relative paths; not part of equality.
     source: Path | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.policy is None:
+            object.__setattr__(self, "policy", Policy(privacy_level=self.privacy_level, min_sites=self.min_sites))
+        elif (self.policy.privacy_level, self.policy.min_sites) != (self.privacy_level, self.min_sites):
+            raise ConfigError(
+                f"study {self.study_id!r}: the policy's q = {self.policy.privacy_level} and min_sites = "
+                f"{self.policy.min_sites} differ from study.privacy_level = {self.privacy_level} and "
+                f"study.min_sites = {self.min_sites}; they are one setting, given in [study]"
+            )
 
     def parties(self) -> tuple[Party, ...]:
         """Every party: aggregators, then sites, then the analyst."""
@@ -318,6 +360,34 @@ class _Table:
             raise self.error(f"must be {bound}, got {value}", key)
         return value
 
+    def boolean(self, key: str, default: Any = _REQUIRED) -> bool:
+        value = self.raw(key, default)
+        if not isinstance(value, bool):
+            raise self.error(f"must be true or false, got {_kind(value)}", key)
+        return value
+
+    def choice(self, key: str, default: Any, choices: Sequence[str]) -> str:
+        value = self.string(key, default)
+        if value not in choices:
+            raise self.error(f"must be one of {', '.join(repr(c) for c in choices)}, got {value!r}", key)
+        return value
+
+    def names(self, key: str, what: str, known: Sequence[str] | None = None, *, single: bool = False) -> tuple[str, ...]:
+        """An array of names (or, with `single`, also one name); each in `known` if given; no repeats."""
+        value = self.raw(key)
+        if single and isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise self.error(f"must be an array of {what} names, got {_kind(value)}", key)
+        for v in value:
+            if not is_valid_name(v):
+                raise self.error(f"{what} name {v!r} is not a valid name ({_NAME_RULE})", key)
+            if known is not None and v not in known:
+                raise self.error(f"unknown {what} {v!r} (known: {', '.join(sorted(known))})", key)
+        if len(set(value)) != len(value):
+            raise self.error(f"lists a {what} twice", key)
+        return tuple(value)
+
     def number(self, key: str, default: Any) -> float:
         value = self.raw(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -386,17 +456,89 @@ def _columns(t: _Table) -> ColumnMap:
 
 
 def _allowed_queries(t: _Table) -> tuple[str, ...] | None:
-    value = t.raw("allowed_queries", None)
-    if value is None:
+    if t.raw("allowed_queries", None) is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(q, str) for q in value):
-        raise t.error("must be an array of query names", "allowed_queries")
-    for q in value:
-        if not is_valid_name(q):
-            raise t.error(f"query name {q!r} is not a valid name ({_NAME_RULE})", "allowed_queries")
-    if len(set(value)) != len(value):
-        raise t.error("lists a query twice", "allowed_queries")
-    return tuple(value)
+    from ..queries import QUERIES  # the registry the sites consult
+
+    return t.names("allowed_queries", "site query", sorted(QUERIES))
+
+
+#: `Policy` fields the [policy] table takes (q and min_sites are [study] keys).
+_POLICY_IN_STUDY = ("privacy_level", "min_sites")
+
+
+def _policy(top: _Table, privacy_level: int, min_sites: int) -> Policy:
+    """The ``[policy]`` table (optional) as a `Policy`, with q and min_sites from ``[study]``."""
+    if "policy" not in top.data:
+        top.used.add("policy")
+        return Policy(privacy_level=privacy_level, min_sites=min_sites)
+    p = top.table("policy")
+    for key in _POLICY_IN_STUDY:
+        if key in p.data:
+            raise p.error(f"is set once, as study.{key} (the policy uses that value); remove it here", key)
+    fields: dict[str, Any] = {"privacy_level": privacy_level, "min_sites": min_sites}
+    if "min_cell_count" in p.data:
+        fields["min_cell_count"] = p.integer("min_cell_count", _REQUIRED, lo=1)
+    for key in ("allow_dropouts", "allow_non_private"):
+        if key in p.data:
+            fields[key] = p.boolean(key)
+    if "analyses" in p.data:
+        import secagg_roc.stats  # noqa: F401  (the built-in analyses register their plans on import)
+        from ..plans import PLANS
+
+        fields["analyses"] = p.names("analyses", "analysis", sorted(PLANS))
+    if "roles" in p.data:
+        r = p.table("roles")
+        roles = {}
+        for role in r.data:
+            if role not in POLICY_ROLES:
+                raise r.error(f"unknown role {role!r} (roles: {', '.join(POLICY_ROLES)})", key=None)
+            roles[role] = r.names(role, "array", single=True)
+        r.finish()
+        fields["roles"] = roles
+    if "score_range" in p.data:
+        value = p.raw("score_range")
+        if (not isinstance(value, list) or len(value) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+                or not all(math.isfinite(float(v)) for v in value) or not float(value[0]) < float(value[1])):
+            raise p.error(f"must be two finite numbers [lower, upper] with lower < upper, got {value!r}", "score_range")
+        fields["score_range"] = (float(value[0]), float(value[1]))
+    if "calibration_bins" in p.data:
+        fields["calibration_bins"] = p.integer("calibration_bins", _REQUIRED, lo=1, hi=10_000)
+    if "rocglm_thresholds" in p.data:
+        fields["rocglm_thresholds"] = p.integer("rocglm_thresholds", _REQUIRED, lo=3, hi=10_000)
+    if "sensitivity_resolution" in p.data:
+        fields["sensitivity_resolution"] = p.number("sensitivity_resolution", _REQUIRED)
+    if "dp" in p.data:
+        d = p.table("dp")
+        dp: dict[str, Any] = {
+            "epsilon": d.number("epsilon", _REQUIRED),
+            "delta": _unit(d, "delta"),
+            "l2_sensitivity": d.number("l2_sensitivity", _REQUIRED),
+            "mechanism": d.choice("mechanism", "analytic", MECHANISMS),
+            "accounting": d.choice("accounting", "gaussian", ACCOUNTING),
+        }
+        if "budget_epsilon" in d.data:
+            dp["budget_epsilon"] = d.number("budget_epsilon", _REQUIRED)
+        if "budget_delta" in d.data:
+            dp["budget_delta"] = _unit(d, "budget_delta")
+        d.finish()
+        try:
+            fields["dp"] = DPPolicy(**dp)
+        except PolicyError as exc:
+            raise d.error(str(exc).removeprefix("policy: "), key=None) from None
+    p.finish()
+    try:
+        return Policy(**fields)
+    except PolicyError as exc:
+        raise p.error(str(exc).removeprefix("policy: "), key=None) from None
+
+
+def _unit(t: _Table, key: str) -> float:
+    value = t.number(key, _REQUIRED)
+    if not value < 1.0:
+        raise t.error(f"must lie strictly between 0 and 1, got {value}", key)
+    return value
 
 
 def _key_pair(t: _Table, name: str) -> tuple[Path, Path]:
@@ -450,6 +592,7 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     analyst_name = a.name("name")
     analyst = AnalystConfig(analyst_name, *_key_pair(a, analyst_name))
     a.finish()
+    policy = _policy(top, q, min_sites)
     top.finish()
 
     def fail(key: str, problem: str) -> ConfigError:
@@ -496,7 +639,7 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
 
     return StudyConfig(study_id, ca_cert, ca_key, tuple(aggregators), tuple(sites), analyst,
                        q, min_sites, frac_bits, round_timeout_s, max_body_bytes,
-                       max_open_rounds, source)
+                       max_open_rounds, policy, source)
 
 
 def load_study(path: str | os.PathLike[str]) -> StudyConfig:
@@ -558,7 +701,20 @@ def study_to_dict(config: StudyConfig, base_dir: str | os.PathLike[str]) -> dict
         sites.append(site)
     a = config.analyst
     analyst = {"name": a.name, "cert": _rel(a.cert, base), "key": _rel(a.key, base)}
-    return {"study": study, "aggregators": aggregators, "sites": sites, "analyst": analyst}
+    return {"study": study, "aggregators": aggregators, "sites": sites, "analyst": analyst,
+            "policy": policy_table(config.policy)}
+
+
+def policy_table(policy: Policy) -> dict[str, Any]:
+    """The ``[policy]`` table of `policy` (TOML shape: no q or min_sites, which are [study] keys; no nulls)."""
+    table: dict[str, Any] = {}
+    for key, value in policy.to_dict().items():
+        if key in _POLICY_IN_STUDY or value is None:
+            continue
+        if key == "dp":
+            value = {k: v for k, v in value.items() if v is not None}
+        table[key] = value
+    return table
 
 
 _BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
@@ -617,6 +773,13 @@ def dumps_study(config: StudyConfig, base_dir: str | os.PathLike[str]) -> str:
             lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
     lines += ["", "[analyst]"]
     lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["analyst"].items()]
+    policy = d.get("policy") or {}
+    subtables = {k: v for k, v in policy.items() if isinstance(v, Mapping)}
+    lines += ["", "# The sites' privacy policy; q and min_sites are the [study] keys above.", "[policy]"]
+    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in policy.items() if k not in subtables]
+    for name, table in subtables.items():
+        lines += ["", f"[policy.{_toml_key(name)}]"]
+        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -671,6 +834,7 @@ def loopback_study(
     study_id: str = "loopback",
     analyst: str = "analyst",
     allowed_queries: Sequence[str] | None = None,
+    policy: Policy | Mapping[str, Any] | None = None,
     **settings: Any,
 ) -> StudyConfig:
     """Write `folder/study.toml` for a study whose processes all run on 127.0.0.1.
@@ -679,8 +843,10 @@ def loopback_study(
     when omitted). `data_files` maps site name to CSV (or lists them in
     `site_names` order); by default ``data/<site>.csv``. `columns` is every site's
     column mapping (default ``{"y": "y", "score": "score"}``). `settings` are
-    further ``[study]`` keys (``privacy_level``, ``min_sites``, ...). Keys are not
-    made here: run `deploy.pki.create_study_keys` on the result.
+    further ``[study]`` keys (``privacy_level``, ``min_sites``, ...). `policy` is
+    the ``[policy]`` table (a `Policy`, whose q and min_sites then become the
+    [study] keys, or the table as a dict). Keys are not made here: run
+    `deploy.pki.create_study_keys` on the result.
     """
     folder = Path(os.path.abspath(folder))
     if ports is None:
@@ -717,4 +883,13 @@ def loopback_study(
         if allowed_queries is not None:
             site["allowed_queries"] = list(allowed_queries)
         data["sites"].append(site)
+    if isinstance(policy, Policy):
+        for key in _POLICY_IN_STUDY:
+            given = settings.get(key)
+            if given is not None and given != getattr(policy, key):
+                raise ConfigError(f"loopback_study: {key} = {given!r} differs from the policy's {getattr(policy, key)!r}")
+            data["study"][key] = getattr(policy, key)
+        data["policy"] = policy_table(policy)
+    elif policy is not None:
+        data["policy"] = dict(policy)
     return write_study(data, folder / STUDY_FILE_NAME)

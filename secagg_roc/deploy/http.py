@@ -5,22 +5,33 @@ checked from the peer's certificate on every request)::
 
     POST /v1/message     one encoded message; reply one encoded message
                          analyst: Query -> RoundStatus, StatusRequest -> RoundStatus,
-                                  CloseRound -> AggregateShare
-                         site:    InputShare -> RoundStatus (names the submitter only),
-                                  DPRelease -> RoundStatus
+                                  CloseRound -> AggregateShare (a secure-sum round) or
+                                                ForwardedShares (a per-site DP round)
+                         site:    InputShare -> RoundStatus (names the submitter only)
     POST /v1/status      analyst; body StatusRequest; ?wait=SECONDS long-polls until every
-                         site has answered the round (or refused it); reply frames:
-                         RoundStatus, then one ErrorReply per site that refused
-    POST /v1/releases    analyst; body StatusRequest of a DP round; reply frames: DPRelease...
-    POST /v1/broadcast   analyst; ?number=N; body PublicValue; reply 204
+                         site the round expects (all sites for a run's join, the run's
+                         contributors for its later rounds) has answered or refused it;
+                         reply frames: RoundStatus, then one ErrorReply per refusing site
+    POST /v1/release     site; body StatusRequest; ?wait=SECONDS long-polls until the round is
+                         released; reply frames: none (not released, or not opened here, yet)
+                         or this aggregator's AggregateShare / ForwardedShares of it. Only a
+                         site in the round's contributor set gets it (PolicyError, 403, for
+                         any other site; RoundError, 409, once the round was abandoned or its
+                         share is no longer held: the last RETAIN_RELEASED releases are)
     POST /v1/refusal     site; body frames: StatusRequest (the round), ErrorReply (why); reply 204
-    GET  /v1/feed        site; ?since=SEQ&wait=SECONDS; reply feed: the open queries and
-                         the current public values after SEQ (long-polls when there are none)
-    GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number
+    GET  /v1/feed        site; ?since=SEQ&wait=SECONDS; reply feed: the open rounds after SEQ
+                         this site has not answered (a run's join to every site, its later
+                         rounds only to the run's contributors); long-polls when there are none
+    GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number,
+                         open_rounds, policy (the digest of the [policy] it enforces)
 
 Errors are an `ErrorReply` message (binary) with the HTTP status of its class
 (`status_for`); `raise_for_reply` turns it back into the same exception class
-with the same text on the client.
+with the same text on the client. A `PolicyError` (a request outside the
+study's policy, a run's plan or a site's ledger, or a release asked by a site
+that is not a contributor) is 403: the request is forbidden as such, and
+sending it again cannot succeed; other `PrivacyError`s and `RoundError`s are
+409 (the round's state forbids it).
 
 The client (`AggregatorClient`) is a small HTTP/1.1 client over asyncio
 streams rather than aiohttp's: it checks the aggregator's identity (study,
@@ -109,6 +120,7 @@ ERROR_CLASSES: dict[str, type[Exception]] = {
         errors.MessageError,
         errors.RoundError,
         errors.PrivacyError,
+        errors.PolicyError,
         errors.SiteQueryError,
         errors.EncodingError,
         errors.CombineError,
@@ -122,6 +134,7 @@ ERROR_CLASSES: dict[str, type[Exception]] = {
 _STATUSES: tuple[tuple[type[Exception], int], ...] = (
     (RequestTooLarge, 413),
     (AuthError, 403),
+    (errors.PolicyError, 403),  # outside the policy, the plan or the ledger: forbidden as such
     (errors.PrivacyError, 409),  # the round's state (too few sites/records, released) forbids it
     (errors.RoundError, 409),
     (errors.MessageError, 400),
@@ -198,11 +211,7 @@ def unpack_frames(data: bytes | memoryview, *, limit: int = 1 << 16) -> list[Mes
 
 @dataclass(frozen=True)
 class FeedEntry:
-    """One entry of an aggregator's feed to the sites: a `Query` or a `PublicValue` and its number.
-
-    `number` is the analyst's sequence number: a query's round number, or the
-    number the analyst gave a broadcast. Sites apply entries in number order.
-    """
+    """One entry of an aggregator's feed to the sites: a `Query` and its round number."""
 
     number: int
     message: Message
@@ -533,15 +542,12 @@ class AggregatorClient:
         resp = self._check(await self.request("POST", path, request.to_buffers(), timeout=wait + 30.0), path)
         return unpack_frames(resp.body)
 
-    async def releases(self, request: Message) -> list[Message]:
-        """POST /v1/releases: the DP releases this aggregator holds for a round."""
-        resp = self._check(await self.request("POST", "/v1/releases", request.to_buffers()), "/v1/releases")
-        return unpack_frames(resp.body)
-
-    async def broadcast(self, number: int, value: Message) -> None:
-        """POST /v1/broadcast?number=N: hand a public value to the aggregator's feed."""
-        path = f"/v1/broadcast?number={int(number)}"
-        self._check(await self.request("POST", path, value.to_buffers()), path)
+    async def release(self, request: Message, wait: float = 0.0) -> Message | None:
+        """POST /v1/release (a site): this aggregator's share of a round's release, or None if not released yet."""
+        path = f"/v1/release?wait={max(0.0, wait):.3f}"
+        resp = self._check(await self.request("POST", path, request.to_buffers(), timeout=wait + 60.0), path)
+        frames = unpack_frames(resp.body, limit=1)
+        return frames[0] if frames else None
 
     async def refuse(self, request: Message, reply: ErrorReply) -> None:
         """POST /v1/refusal: tell the aggregator (and so the analyst) why this site refused a round."""
@@ -551,7 +557,7 @@ class AggregatorClient:
         )
 
     async def feed(self, since: int, wait: float) -> tuple[int, list[FeedEntry]]:
-        """GET /v1/feed: the open queries and public values after cursor `since`."""
+        """GET /v1/feed: the open rounds after cursor `since` that this site still has to answer."""
         path = f"/v1/feed?since={int(since)}&wait={max(0.0, wait):.3f}"
         resp = self._check(await self.request("GET", path, timeout=wait + 30.0), path)
         return unpack_feed(resp.body)

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ..errors import ConfigError
+from ..policy import Policy
 from .config import StudyConfig, loopback_study, study_to_dict, write_study
 from .http import AggregatorClient, TransportError
 from .pki import create_study_keys
@@ -97,9 +98,15 @@ class LocalCluster:
     """Aggregators and site agents of one study as subprocesses on 127.0.0.1.
 
     `data` maps site name -> {array name -> array}; every site must have the
-    same array names. `settings` are ``[study]`` keys (``privacy_level``,
-    ``min_sites``, ``round_timeout_s``, ...). `seed` seeds the site agents' DP
-    noise (``--seed``). `allowed_queries` maps a site to its query whitelist.
+    same array names. `policy` is the sites' privacy policy, written into the
+    study file's ``[policy]`` (a `Policy`, or its dict form `Policy.to_dict`,
+    which may leave q and min_sites to `settings`; the policy's q and
+    min_sites become the ``[study]`` keys). `settings` are further
+    ``[study]`` keys (``privacy_level``, ``min_sites``, ``round_timeout_s``,
+    ...). `seed` seeds the site agents' DP noise (``--seed``).
+    `allowed_queries` maps a site to its query whitelist; `allow_non_private`
+    starts every site agent with ``--allow-non-private`` (the operators'
+    consent to the non-private mode, which the policy must allow as well).
     Use as a context manager: everything started is stopped on exit.
     """
 
@@ -110,6 +117,7 @@ class LocalCluster:
         *,
         n_aggregators: int = 2,
         seed: int | None = None,
+        policy: Policy | Mapping[str, Any] | None = None,
         allowed_queries: Mapping[str, Sequence[str]] | None = None,
         allow_non_private: bool = False,
         data_format: str = "csv",
@@ -128,6 +136,11 @@ class LocalCluster:
         self.study_id = study_id
         self.synchronous = synchronous
         self.log_level = log_level
+        if policy is not None and not isinstance(policy, Policy):
+            # The dict form may leave q and min_sites to the [study] settings.
+            given = {k: settings[k] for k in ("privacy_level", "min_sites") if settings.get(k) is not None}
+            policy = Policy.from_dict({**given, **policy})
+        self.policy = policy
         self.settings = settings
         self.config: StudyConfig | None = None
         self.procs: dict[str, subprocess.Popen] = {}
@@ -150,7 +163,7 @@ class LocalCluster:
                 raise ConfigError(f"site {s!r} has arrays {sorted(cols)}, others have {sorted(columns)}")
             columns, files[s] = cols, path
         config = loopback_study(self.folder, sites, self.n_aggregators, data_files=files, columns=columns,
-                                study_id=self.study_id, **self.settings)
+                                study_id=self.study_id, policy=self.policy, **self.settings)
         if self.allowed_queries:
             raw = study_to_dict(config, self.folder)
             for site in raw["sites"]:

@@ -1,26 +1,33 @@
 """The analyst's client of a deployed study: `Study` over HTTPS.
 
-Run by the Analyst. `RemoteStudy` implements the same three calls as the
-embedded study (`aggregate`, `release_dp`, `broadcast`) with the same messages
-and the same steps as `federation.LocalFederation` (``_run_round``,
-``collect_dp``, ``broadcast``), so the statistics layer runs on it unchanged
-and gives the same numbers on the same data and DP seed:
+Run by the Analyst. `RemoteStudy` implements the embedded study's two calls
+(`aggregate`, `release_dp`) with the same messages and the same steps as
+`federation.LocalFederation._run_round`, so `Study.run` (every declared
+analysis) runs on it unchanged and gives the same numbers on the same data,
+policy and DP seed. Both run one round:
 
-``aggregate``  Query to every aggregator -> sites fetch it from the feeds and
-               submit shares -> wait until every site submitted everywhere (or
-               one refused, or the round deadline) -> RoundStatus from every
-               aggregator -> agreed contributors (intersection) -> CloseRound
-               to every aggregator -> AggregateShares -> `combine`.
-``release_dp`` Query (of a query declared DP) to every aggregator -> sites post
-               DPReleases to every aggregator -> fetch them.
-``broadcast``  PublicValue under a fresh number to every aggregator's feed;
-               sites apply feed entries in number order, so every later query
-               sees it.
+    Query to every aggregator -> the sites fetch it from their feeds (a run's
+    join reaches every site, its later rounds only the run's contributors),
+    check it against their policy and their copy of the run's plan, and submit
+    shares or refuse -> wait until every site the round expects submitted
+    everywhere (or refused, or the round deadline) -> RoundStatus from every
+    aggregator -> agreed contributors (intersection) -> CloseRound to every
+    aggregator -> `AggregateShare`s, combined into the totals (`combine`), or,
+    for a per-site DP round, `ForwardedShares`, combined into each site's
+    values (`combine_forwarded`).
 
-At the round deadline (``round_timeout_s``) a round is closed over the sites
-that submitted to every aggregator if that set still satisfies ``min_sites``
-and ``q``; otherwise the error names the missing sites. A refusing site's
-error is raised with its class and text (it names the site).
+Every contributing site fetches the same release from the aggregators and
+moves its own copy of the plan on; the analyst sends the sites nothing but
+the rounds (`broadcast` is refused, as for every `Study`).
+
+A site's refusal of a run's later round is raised at once with its class and
+text (it names the site; `PolicyError` for a request outside the policy, the
+plan or the ledger). A run's join waits for every site to answer or refuse:
+a refusing site does not join, and the aggregators then decide, by the
+policy's ``allow_dropouts``, whether the run may start without it. At the
+round deadline (``round_timeout_s``) a round is closed over the sites that
+submitted to every aggregator; the aggregators refuse that set unless the
+run's rules allow it, and the error names the missing sites.
 
 The API is synchronous: the client runs its own event loop in a thread.
 """
@@ -30,29 +37,29 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import threading
 import time
 from typing import Any, Awaitable, Callable, Mapping, TypeVar
 
 import numpy as np
 
-from ..analyst import agree_contributors, combine
-from ..errors import CombineError, ConfigError, PrivacyError, RoundError, SiteQueryError
+from ..analyst import agree_contributors, combine, combine_forwarded
+from ..errors import ConfigError, PrivacyError, RoundError, SiteQueryError
 from ..messages import (
     AggregateShare,
     CloseRound,
-    DPRelease,
     ErrorReply,
-    PublicValue,
+    ForwardedShares,
     Query,
     RoundId,
     RoundStatus,
     StatusRequest,
-    check_name,
 )
+from ..plans import Step
 from ..queries import canonical_params, lookup, query_digest
+from ..queries.run import JOIN
 from ..sharing import make_scheme
-from ..site import unflatten
 from ..study import Study, Totals
 from .aggregator_service import SCHEME
 from .config import AnalystConfig, StudyConfig, load_study
@@ -62,6 +69,10 @@ from .tls import client_ssl_context
 __all__ = ["RemoteStudy"]
 
 T = TypeVar("T")
+
+#: The precision a plan's per-site step declares (`plans.Step`'s default): what every site compares a round to.
+_PER_SITE_FRAC_BITS = Step.__dataclass_fields__["frac_bits"].default
+_REFUSING_SITE = re.compile(r"site '([A-Za-z0-9_.\-]{1,64})'")
 
 
 class RemoteStudy(Study):
@@ -89,8 +100,8 @@ class RemoteStudy(Study):
             raise ConfigError(f"{party.name!r} is a {party.role} of study {self.config.study_id!r}, not the analyst")
         self.study_id = self.config.study_id
         self.sites = tuple(s.name for s in self.config.sites)
-        self.privacy_level = self.config.privacy_level
-        self.min_sites = self.config.min_sites
+        #: The sites' policy, from the study file's [policy] (q and min_sites from [study]).
+        self.policy = self.config.policy
         self.frac_bits = self.config.frac_bits
         self.round_timeout_s = float(round_timeout_s if round_timeout_s is not None else self.config.round_timeout_s)
         self.poll_wait = poll_wait
@@ -104,8 +115,10 @@ class RemoteStudy(Study):
         ]
         #: (query name, round number, seconds, contributors) of every round this client ran.
         self.history: list[tuple[str, int, float, tuple[str, ...]]] = []
-        #: Seconds per step of every secure round: open, wait (for the sites), close, combine.
+        #: Seconds per step of every round: open, wait (for the sites), close, combine.
         self.timings: list[dict[str, float]] = []
+        #: run -> its contributors, from the run's join release (whom its later rounds wait for).
+        self._members: dict[str, tuple[str, ...]] = {}
         self._next_number: int | None = None
         self._call_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -116,20 +129,37 @@ class RemoteStudy(Study):
     # -- synchronous API (the `Study` interface) ----------------------------------
 
     def aggregate(self, query: str, params: Mapping[str, Any] | None = None, *, frac_bits: int | None = None) -> Totals:
-        """Run by the Analyst: the secure totals of site query `query` over the sites."""
-        return self._call(self._aggregate(query, params, frac_bits))
+        """Run by the Analyst: one secure-sum round of site query `query`; the secure totals."""
+        if lookup(query).release != "secure":
+            raise SiteQueryError(f"query {query!r} is a per-site (DP) release; use release_dp()")
+        return self._call(self._round(query, params, frac_bits))
 
     def release_dp(self, query: str, params: Mapping[str, Any] | None = None) -> dict[str, dict[str, np.ndarray]]:
-        """Run by the Analyst: every site's DP-protected release of `query` (site -> arrays)."""
-        return self._call(self._release_dp(query, params))
-
-    def broadcast(self, name: str, value: Any) -> None:
-        """Run by the Analyst: send a public value to every site (through every aggregator's feed)."""
-        self._call(self._broadcast(name, value))
+        """Run by the Analyst: one per-site (DP) round; site -> its released arrays."""
+        if lookup(query).release != "dp":
+            raise SiteQueryError(f"query {query!r} is not declared differentially private; use aggregate()")
+        return self._call(self._round(query, params, None))
 
     def info(self) -> list[dict[str, Any]]:
-        """Every aggregator's /v1/info (a quick check that the deployment is up)."""
-        return self._call(self._all(lambda c: c.info(), time.monotonic() + 30.0, "info"))
+        """Every aggregator's /v1/info (a quick check that the deployment is up; it also syncs the round numbers)."""
+        return self._call(self._info())
+
+    async def _info(self) -> list[dict[str, Any]]:
+        infos = await self._all(lambda c: c.info(), time.monotonic() + 30.0, "info")
+        self._sync(infos)
+        return infos
+
+    def _sync(self, infos: list[dict[str, Any]]) -> None:
+        """Check every aggregator serves this study's policy; take the next free round number from them."""
+        digest = self.policy.digest()
+        for client, info in zip(self.clients, infos):
+            if info.get("policy") != digest:
+                raise ConfigError(
+                    f"aggregator {client.name!r} serves study {self.study_id!r} under another [policy] than this "
+                    "analyst's study file (every party must have the same study file)"
+                )
+        if self._next_number is None:
+            self._next_number = max(int(i["next_number"]) for i in infos)
 
     def close(self) -> None:
         """Close the connections and stop the client's event loop."""
@@ -178,8 +208,8 @@ class RemoteStudy(Study):
     async def _number(self) -> int:
         """The next analyst number: above every number any aggregator has seen (so never reused)."""
         if self._next_number is None:
-            infos = await self._all(lambda c: c.info(), time.monotonic() + self.round_timeout_s, "info")
-            self._next_number = max(int(i["next_number"]) for i in infos)
+            self._sync(await self._all(lambda c: c.info(), time.monotonic() + self.round_timeout_s, "info"))
+        assert self._next_number is not None
         number = self._next_number
         self._next_number += 1
         return number
@@ -193,9 +223,14 @@ class RemoteStudy(Study):
         return Query(rid, name, json.dumps(canon, sort_keys=True, separators=(",", ":")), fb)
 
     async def _wait(
-        self, rid: RoundId, deadline: float, ready: Callable[[list[RoundStatus]], bool]
-    ) -> list[RoundStatus]:
-        """Long-poll every aggregator until `ready`, a refusal (raised), or the deadline."""
+        self, rid: RoundId, deadline: float, expected: set[str], *, fail_fast: bool
+    ) -> tuple[list[RoundStatus], dict[str, ErrorReply]]:
+        """Long-poll every aggregator until every `expected` site submitted everywhere or refused, or the deadline.
+
+        With `fail_fast`, the first refusal is raised at once (a run's later
+        round cannot succeed without a contributor). Returns the statuses and
+        the refusals (site -> reply).
+        """
         request = StatusRequest(rid)
         while True:
             remaining = deadline - time.monotonic()
@@ -204,89 +239,85 @@ class RemoteStudy(Study):
             statuses = [r[0] for r in replies]
             if not all(isinstance(s, RoundStatus) and s.round_id == rid for s in statuses):
                 raise ServiceError(f"an aggregator answered a status request for {rid} with something else")
-            refusals = sorted({e.text: e for r in replies for e in r[1:] if isinstance(e, ErrorReply)}.values(), key=lambda e: e.text)
-            if refusals:
-                raise exception_for(refusals[0])
-            if ready(statuses) or remaining <= 0:
-                return statuses
+            refusals: dict[str, ErrorReply] = {}
+            for reply in sorted((e for r in replies for e in r[1:] if isinstance(e, ErrorReply)), key=lambda e: e.text):
+                found = _REFUSING_SITE.match(reply.text)
+                refusals.setdefault(found.group(1) if found else reply.text, reply)
+            if refusals and fail_fast:
+                raise exception_for(next(iter(refusals.values())))
+            if all(set(s.accepted) | set(refusals) >= expected for s in statuses) or remaining <= 0:
+                return statuses, refusals
+
+    async def _open(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None, deadline: float) -> Query:
+        """Open a round under the next free number at every aggregator.
+
+        Another analyst client (or an earlier one) may have used the number
+        this client expected: then it asks the aggregators again and retries
+        (a round opened at some aggregators only is abandoned at its deadline).
+        """
+        for attempt in range(3):
+            query = await self._query(name, params, frac_bits)
+            try:
+                await self._all(lambda c: c.send(query), deadline, f"open {query.round_id}")
+                return query
+            except RoundError as exc:
+                if "already used" not in str(exc) or attempt == 2:
+                    raise
+                self._next_number = None
+        raise AssertionError("unreachable")
+
+    def _contributors(self, query: Query, statuses: list[RoundStatus]) -> tuple[str, ...]:
+        """The contributor set to close over: the sites every aggregator accepted (as the embedded analyst)."""
+        return agree_contributors(statuses)
 
     # -- the protocol ------------------------------------------------------------
 
-    async def _aggregate(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Totals:
+    async def _round(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Any:
         """Run by the Analyst: open, wait, agree, close, combine (as `LocalFederation._run_round`)."""
-        if lookup(name).release != "secure":
-            raise SiteQueryError(f"query {name!r} is declared differentially private; use release_dp()")
+        per_site = lookup(name).release == "dp"
         started = time.monotonic()
         deadline = started + self.round_timeout_s
-        query = await self._query(name, params, frac_bits)
+        # A per-site round's shares are raw floats; its precision is the plan's step default, as the sites expect.
+        query = await self._open(name, params, _PER_SITE_FRAC_BITS if per_site else frac_bits, deadline)
         rid = query.round_id
-        await self._all(lambda c: c.send(query), deadline, f"open {rid}")
+        run = query.params.get("run")
+        run = run if isinstance(run, str) else None
+        joining = name == JOIN
+        # A run's later rounds reach its contributors only: wait for exactly those.
+        members = self._members.get(run) if run is not None and not joining else None
+        expected = set(self.sites if members is None else members)
         opened = time.monotonic()
-        everyone = set(self.sites)
-        statuses = await self._wait(rid, deadline, lambda ss: all(set(s.accepted) >= everyone for s in ss))
+        statuses, refusals = await self._wait(rid, deadline, expected, fail_fast=not joining)
         waited = time.monotonic()
-        contributors = agree_contributors(statuses)
-        missing = sorted(everyone - set(contributors))
-        late = (
-            f"; no share from {missing} at every aggregator by the round deadline ({self.round_timeout_s:g} s)"
-            if missing
-            else ""
-        )
-        if len(contributors) < self.min_sites:
-            raise PrivacyError(
-                f"{rid} ({name}): {len(contributors)} site(s) submitted, fewer than min_sites={self.min_sites}{late}"
-            )
+        contributors = self._contributors(query, statuses)
+        if refusals and not contributors:
+            raise exception_for(next(iter(refusals.values())))
+        missing = sorted(expected - set(contributors) - set(refusals))
+        notes = ""
+        if missing:
+            notes += f"; no share from {missing} at every aggregator by the round deadline ({self.round_timeout_s:g} s)"
+        if refusals:
+            notes += f" (refused: {'; '.join(r.text for r in refusals.values())})"
         close = CloseRound(rid, contributors)
         try:
             shares = await self._all(lambda c: c.send(close), deadline + self.round_timeout_s, f"close {rid}")
-        except (PrivacyError, RoundError) as exc:
-            raise type(exc)(f"{exc}{late}") from None
-        if not all(isinstance(s, AggregateShare) for s in shares):
-            raise ServiceError(f"an aggregator answered the close of {rid} with something else")
+        except (PrivacyError, RoundError) as exc:  # PolicyError included
+            raise type(exc)(f"{exc}{notes}") from None
+        kind = ForwardedShares if per_site else AggregateShare
+        if not all(isinstance(s, kind) for s in shares):
+            raise ServiceError(f"an aggregator answered the close of {rid} with something else than a {kind.__name__}")
         closed = time.monotonic()
-        combined = combine(shares, self.scheme)
+        if per_site:
+            result: Any = combine_forwarded(shares, self.scheme)
+            agreed = tuple(shares[0].contributors)
+        else:
+            result = combine(shares, self.scheme)
+            agreed = result.contributors
+        if joining and run is not None:
+            self._members[run] = tuple(agreed)
         done = time.monotonic()
-        self.history.append((name, rid.number, done - started, combined.contributors))
+        self.history.append((name, rid.number, done - started, tuple(agreed)))
         self.timings.append(
             {"open": opened - started, "wait": waited - opened, "close": closed - waited, "combine": done - closed}
         )
-        return Totals(combined.values, combined.records, combined.contributors)
-
-    async def _release_dp(self, name: str, params: Mapping[str, Any] | None) -> dict[str, dict[str, np.ndarray]]:
-        """Run by the Analyst: collect every site's DP release (as `LocalFederation.collect_dp`)."""
-        if lookup(name).release != "dp":
-            raise SiteQueryError(f"query {name!r} is not declared differentially private; use aggregate()")
-        started = time.monotonic()
-        deadline = started + self.round_timeout_s
-        query = await self._query(name, params, None)
-        rid = query.round_id
-        await self._all(lambda c: c.send(query), deadline, f"open {rid}")
-        everyone = set(self.sites)
-        await self._wait(rid, deadline, lambda ss: set().union(*(s.accepted for s in ss)) >= everyone)
-        releases: dict[str, DPRelease] = {}
-        request = StatusRequest(rid)
-        for client in self.clients:
-            for rel in await retry(lambda: client.releases(request), deadline=asyncio.get_running_loop().time() + self.round_timeout_s, what="releases"):
-                if not isinstance(rel, DPRelease) or rel.round_id != rid or rel.site not in everyone:
-                    raise ServiceError(f"aggregator {client.name!r} returned a release that does not belong to {rid}")
-                seen = releases.get(rel.site)
-                if seen is not None and not (seen.layout == rel.layout and np.array_equal(seen.vector, rel.vector)):
-                    raise CombineError(f"aggregators hold different releases of site {rel.site!r} for {rid}")
-                releases[rel.site] = rel
-            if set(releases) >= everyone:
-                break
-        missing = sorted(everyone - set(releases))
-        if len(releases) < self.min_sites:
-            raise PrivacyError(
-                f"{rid} ({name}): {len(releases)} site(s) released values, fewer than min_sites={self.min_sites}; "
-                f"missing at the round deadline: {missing}"
-            )
-        self.history.append((name, rid.number, time.monotonic() - started, tuple(sorted(releases))))
-        return {s: unflatten(releases[s].layout, np.asarray(releases[s].vector)) for s in self.sites if s in releases}
-
-    async def _broadcast(self, name: str, value: Any) -> None:
-        """Run by the Analyst: a public value to every aggregator's feed, under a fresh number."""
-        arr = np.asarray(canonical_params({"v": value})["v"], dtype=np.float64)
-        message = PublicValue(self.study_id, check_name(name, "value name"), arr)
-        number = await self._number()
-        await self._all(lambda c: c.broadcast(number, message), time.monotonic() + self.round_timeout_s, f"broadcast {name}")
+        return result

@@ -1,36 +1,54 @@
 """The site agent: one process per site, outbound connections only.
 
 Run by each Site (``secagg-roc site --study S --name N``). It loads the site's
-records from its CSV file (columns mapped to array names by the study file),
-then follows every aggregator's feed (long polls: the site never listens on a
-port). For each query it:
+records from its data file (columns mapped to array names by the study file)
+and builds the core `Site` with the study's privacy policy, its own `Ledger`
+and the operator's consent to the non-private mode (``--allow-non-private``).
+Then it follows every aggregator's feed (long polls: the site never listens
+on a port). For each round it:
 
-1. checks the query's digest binds its name, parameters and precision
-   (`Site.check_query`) and the site's policy (allowed queries; no non-private
-   release unless the agent was started with ``allow_non_private``);
-2. computes its answer once: one `InputShare` per aggregator for a secure-sum
-   query (`Site.answer`), or a `DPRelease` for a query declared DP
-   (`Site.answer_dp`), or a refusal saying why not;
-3. logs that answer durably in its own database *before* sending anything, so
-   a restarted agent re-sends the same shares rather than new ones (the shares
-   of a round must come from one split, or the total is wrong) and never draws
-   DP noise twice for one round. A secure-sum answer is logged as its split,
-   not its vectors: the PRG seeds, the holder index and SHA-256 digests of the
-   correction vector and of the public metadata (layout, encoding, records),
-   a few hundred bytes instead of a share vector (`split_record`). After a
-   restart the agent re-runs the query on its data with the logged seeds and
-   sends the result only if both digests match; if they differ (the data or
-   the public values changed) it refuses the round with an error naming it,
-   because a different share would silently corrupt the total. A DP release
-   and a refusal are logged as the messages themselves;
-4. pushes share j to aggregator j (and a DP release or refusal to every
-   aggregator), retrying with backoff while the round can still use it.
-   Resubmitting the identical share is idempotent at the aggregator.
+1. has `Site.answer` check it: a run's join against the policy and the site's
+   data, every later round against the site's own copy of the run's plan (it
+   must be exactly the next step), every release against the ledger (no
+   differencing, DP releases computed once and charged to the budget). Before
+   it answers step t of a run it makes sure it holds the release of step t-1
+   (fetched from the aggregators on demand), since that release decides what
+   step t is;
+2. logs, in ONE SQLite transaction and *before* anything is sent (the `persist`
+   hook of `Site.answer`): the query, the ledger entries of the release, the
+   split of its shares and the state of its DP-noise generator. So a restarted
+   agent re-sends the same shares rather than new ones (the shares of a round
+   must come from one split, or the total is wrong), never draws DP noise
+   twice (a DP release is replayed from the ledger), and never releases
+   anything its ledger does not record. The split is logged as seeds and
+   digests, not vectors (`split_record`): a few hundred bytes. After a
+   restart the agent re-creates the shares with the logged seeds and sends
+   them only if the digests match; otherwise (the data changed) it refuses the
+   round with an error naming it, because a different share would silently
+   corrupt the total;
+3. pushes share j to aggregator j (a refusal to every aggregator), retrying
+   with backoff while the round can still use it; resubmitting the identical
+   share is idempotent at the aggregator. A refusal is logged and reported to
+   the analyst; its text names the rule, never a data value;
+4. fetches the round's release from every aggregator once it is released
+   (`/v1/release`: only a contributing site gets it), logs it, and hands it to
+   `Site.receive_release`, which combines the aggregators' shares itself and
+   moves the site's copy of the plan on. The analyst never sends a site
+   anything but the rounds.
 
-Public values arrive in the same feeds and are applied in the analyst's order.
-Share randomness always comes from the operating system; DP noise from
-``site_noise_rng(seed, site)`` (OS-seeded unless ``--seed`` is given), whose
-state is logged with every DP release so that a restart continues the stream.
+On restart the log is replayed in order: the ledger entries into a fresh
+ledger, the noise generator's state, then `Site.restore` of every answered
+round with its logged release (rebuilding the runs and plans without
+computing anything again); answered rounds whose release is still to come are
+fetched again. Share randomness always comes from the operating system; DP
+noise from ``site_noise_rng(seed, site)`` (OS-seeded unless ``--seed`` is given).
+
+Log entry kinds (`store.Store`; every body is bytes): ``query`` (the encoded
+`Query` of an answered round), ``ledger:exact`` / ``ledger:noisy`` (a
+`LedgerEntry` body), ``answer`` (the split record, JSON), ``rng`` (the noise
+generator's state after the answer, JSON; only when it changed), ``refusal``
+(frames: StatusRequest, ErrorReply) and ``release`` (frames: every
+aggregator's AggregateShare or ForwardedShares of the round).
 """
 
 from __future__ import annotations
@@ -41,27 +59,44 @@ import hashlib
 import json
 import logging
 import os
+import sqlite3
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import ConfigError, EncodingError, MessageError, SecAggError, SiteQueryError
-from ..messages import ErrorReply, InputShare, Message, PublicValue, Query, RoundId, StatusRequest
-from ..queries import SiteData, lookup
+from ..errors import ConfigError, EncodingError, MessageError, SecAggError
+from ..ledger import Ledger, LedgerEntry
+from ..messages import AggregateShare, ErrorReply, ForwardedShares, InputShare, Message, Query, RoundId, StatusRequest, decode
+from ..policy import Policy
+from ..queries import SiteData
+from ..queries.run import JOIN
 from ..sharing import make_scheme
 from ..site import Site
 from ..study import site_noise_rng
-from .aggregator_service import SCHEME, announce, stop_event
+from .aggregator_service import ABANDON_FACTOR, SCHEME, announce, stop_event
 from .config import SiteConfig, StudyConfig, load_study
 from .http import AggregatorClient, FeedEntry, ServiceError, TransportError, pack_frames, unpack_frames
 from .store import Store
 from .tls import AuthError, client_ssl_context
 
-__all__ = ["load_site_data", "SiteAgent", "run_site", "default_state_path", "split_record", "split_mismatch"]
+__all__ = [
+    "load_site_data",
+    "SiteAgent",
+    "run_site",
+    "default_state_path",
+    "split_record",
+    "split_mismatch",
+    "read_ledger",
+    "LEDGER_PREFIX",
+]
 
 log = logging.getLogger("secagg_roc.site")
+
+#: Log kinds of ledger entries: ``ledger:<LedgerEntry.kind>``.
+LEDGER_PREFIX = "ledger:"
 
 
 # --------------------------------------------------------------------------- data
@@ -173,7 +208,7 @@ def _refusal_of(site: str, query: Query, exc: BaseException) -> ErrorReply:
     return ErrorReply(code, text)
 
 
-#: Format tag of a logged secure-sum answer (its split, not its vectors).
+#: Format tag of a logged answer (its split, not its vectors).
 SPLIT_FORMAT = "split-v1"
 
 
@@ -183,7 +218,8 @@ def _share_meta_digest(shares: list[InputShare]) -> str:
     metas = {
         json.dumps(
             [s.round_id.study, s.round_id.number, s.round_id.query.hex(), s.site, s.encoding.frac_bits,
-             bool(s.encoding.integer), int(s.records), [[n, list(shape), bool(i)] for n, shape, i in s.layout]],
+             bool(s.encoding.integer), int(s.records), [[n, list(shape), bool(i)] for n, shape, i in s.layout]]
+            + (["raw"] if s.encoding.raw else []),
             separators=(",", ":"),
         )
         for s in shares
@@ -198,7 +234,7 @@ def _vector_digest(vector: np.ndarray) -> str:
 
 
 def split_record(shares: list[InputShare]) -> dict[str, Any]:
-    """What a site agent logs for a secure-sum answer (SECRET: the seeds), as a JSON-able dict.
+    """What a site agent logs for an answer (SECRET: the seeds), as a JSON-able dict.
 
     Enough to re-create the identical shares from the same data
     (`Site.answer(query, seeds=...)`) and to check that they are identical:
@@ -248,18 +284,35 @@ def _round_of(record: Mapping[str, Any]) -> RoundId:
 class _Answer:
     """This site's answer to one round: what to send to each aggregator.
 
-    `outputs` is None for a secure-sum answer replayed from the log: the
-    shares are re-created from `split` (the logged record) when needed.
+    `outputs` is None for an answer replayed from the log: the shares are
+    re-created from `split` (the logged record) when needed.
     """
 
     round_id: RoundId
-    kind: str  # "shares" | "dp release" | "refusal"
+    kind: str  # "shares" | "refusal"
     outputs: list[list[Message]] | None
     split: dict[str, Any] | None = None
 
 
+class _Pending(SecAggError):
+    """A round cannot be answered yet (the release it depends on is not here): try again later."""
+
+
+def read_ledger(path: str | os.PathLike[str], policy: Policy, site: str) -> Ledger:
+    """Site `site`'s ledger as its agent's database records it (read-only; safe while the agent runs)."""
+    ledger = Ledger(policy, site)
+    path = Path(path)
+    if not path.exists():
+        return ledger
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT kind, body FROM log WHERE kind LIKE 'ledger:%' ORDER BY seq").fetchall()
+    for kind, body in rows:
+        ledger.apply(LedgerEntry(kind[len(LEDGER_PREFIX):], bytes(body)))
+    return ledger
+
+
 class SiteAgent:
-    """Site `name` of a deployed study: follows the feeds, answers, pushes (run by that Site)."""
+    """Site `name` of a deployed study: follows the feeds, answers, pushes, takes releases in (run by that Site)."""
 
     def __init__(
         self,
@@ -281,51 +334,92 @@ class SiteAgent:
         self.allow_non_private = allow_non_private
         self.poll_wait = poll_wait
         arrays = load_site_data(party.data, party.columns)
-        self.data = SiteData(
-            name=name,
-            arrays=arrays,
-            rng=site_noise_rng(seed, name),
-            allowed_queries=None if party.allowed_queries is None else frozenset(party.allowed_queries),
-        )
-        # The site's own q: `rocglm.scores` refuses per-site releases below it whatever the analyst asks.
-        self.data.privacy_level = config.privacy_level  # type: ignore[attr-defined]
+        # A run's join releases only how many sites joined: every site answers it (and checks it).
+        allowed = None if party.allowed_queries is None else frozenset(party.allowed_queries) | {JOIN}
+        self.data = SiteData(name=name, arrays=arrays, rng=site_noise_rng(seed, name), allowed_queries=allowed)
         self.scheme = make_scheme(SCHEME, len(config.aggregators))
-        self.site = Site(self.data, config.study_id, self.scheme, tuple(s.name for s in config.sites))
+        assert config.policy is not None
+        self.policy = config.policy
+        self.ledger = Ledger(self.policy, name)
+        self.site = Site(self.data, config.study_id, self.scheme, tuple(s.name for s in config.sites),
+                         policy=self.policy, ledger=self.ledger, allow_non_private=allow_non_private)
         self.store = Store(state_path or default_state_path(config, name), study=config.study_id, party=name, synchronous=synchronous)
         ctx = client_ssl_context(config.ca_cert, party.cert, party.key)
         self.clients = [AggregatorClient(a, config.study_id, ctx) for a in config.aggregators]
         # number -> this site's answer to that round: the durable answers, replayed below.
         self.answers: dict[int, _Answer] = {}
+        #: number -> the query of every round this site answered with shares.
+        self.queries: dict[int, Query] = {}
+        #: (run, step) -> the round number this site answered it in.
+        self.steps: dict[tuple[str, int], int] = {}
+        #: Answered rounds whose outcome is final here: their release was taken in, or none will come for us.
+        self.settled: set[int] = set()
+        # Every Site call (answer, restore, receive_release) under one lock: they run in worker threads.
+        self._site_lock = threading.Lock()
+        self._logged_rng = ""
         self._replay()
-        self._seen_public: set[int] = set()
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
+        self._fetches: dict[int, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._lock: asyncio.Lock | None = None
         self._stopping = False
         self.on_answer: Callable[[int, str], None] | None = None  # for tests and logs
 
+    # -- the log -----------------------------------------------------------------
+
     def _replay(self) -> None:
+        """Rebuild the ledger, the noise generator, the answers and the runs from the log (see the module docstring)."""
         n_aggs = len(self.clients)
+        order: list[int] = []
+        releases: dict[int, list[Message]] = {}
+        rng_state = None
         for entry in self.store.entries():
-            if entry.kind == "rng":
-                self.data.rng.bit_generator.state = json.loads(entry.body)
-                continue
-            if entry.kind == "answer" and entry.body[:1] == b"{":
+            kind, number = entry.kind, entry.number
+            if kind == "query":
+                self.queries[number] = _expect_query(decode(entry.body), self.store.path, number)
+            elif kind.startswith(LEDGER_PREFIX):
+                self.ledger.apply(LedgerEntry(kind[len(LEDGER_PREFIX):], entry.body))
+            elif kind == "rng":
+                rng_state = entry.body.decode()
+            elif kind == "answer":
                 record = json.loads(entry.body)
                 if record.get("format") != SPLIT_FORMAT:
-                    raise ConfigError(f"{self.store.path}: round {entry.number}: unknown answer format {record.get('format')!r}")
-                self.answers[entry.number] = _Answer(_round_of(record), "shares", None, record)
-                continue
-            frames = unpack_frames(entry.body)
-            if entry.kind == "answer":  # written by an earlier version: the share vectors themselves
-                shares = [f for f in frames if isinstance(f, InputShare)]
-                outputs = [[s] for s in sorted(shares, key=lambda s: s.aggregator)]
-                self.answers[entry.number] = _Answer(shares[0].round_id, "shares", outputs)  # type: ignore[arg-type]
-            elif entry.kind in ("dprelease", "refusal"):
-                rid = frames[0].round_id
-                kind = "dp release" if entry.kind == "dprelease" else "refusal"
-                self.answers[entry.number] = _Answer(rid, kind, [list(frames) for _ in range(n_aggs)])
+                    raise ConfigError(f"{self.store.path}: round {number}: unknown answer format {record.get('format')!r}")
+                self.answers[number] = _Answer(_round_of(record), "shares", None, record)
+                order.append(number)
+            elif kind == "refusal":
+                frames = unpack_frames(entry.body)
+                self.answers[number] = _Answer(frames[0].round_id, "refusal", [list(frames) for _ in range(n_aggs)])
+            elif kind == "release":
+                releases[number] = unpack_frames(entry.body)
+            else:
+                raise ConfigError(
+                    f"{self.store.path}: log entry {entry.seq} has kind {kind!r}, which this version does not know "
+                    "(a database of an older version: start the site with a new --state)"
+                )
+        if rng_state is not None:
+            self.data.rng.bit_generator.state = json.loads(rng_state)
+            self._logged_rng = rng_state
+        for number in order:
+            query = self.queries.get(number)
+            if query is None:
+                raise ConfigError(f"{self.store.path}: round {number} has an answer but no logged query")
+            self._index(number, query)
+            release = releases.get(number)
+            try:
+                self.site.restore(query, release)
+            except SecAggError as exc:
+                # E.g. the data changed so that the run's join no longer passes: its rounds will be refused.
+                log.error("could not restore round %d (%s) from the log: %s: %s", number, query.name, type(exc).__name__, exc)
+            if release is not None:
+                self.settled.add(number)
+
+    def _index(self, number: int, query: Query) -> None:
+        params = query.params
+        run, step = params.get("run"), params.get("step")
+        if isinstance(run, str) and isinstance(step, int):
+            self.steps[(run, step)] = number
 
     # -- the loop ----------------------------------------------------------------
 
@@ -333,6 +427,9 @@ class SiteAgent:
         """Follow every aggregator's feed until `stop` is set."""
         self._lock = asyncio.Lock()
         self._stopping = False
+        for number, answer in sorted(self.answers.items()):
+            if answer.kind == "shares" and number not in self.settled:
+                self._fetch_release(number)  # answered before a restart: its release may be waiting
         followers = [asyncio.create_task(self._follow(j)) for j in range(len(self.clients))]
         await stop.wait()
         self._stopping = True
@@ -374,6 +471,10 @@ class SiteAgent:
                     await self._process(entry, j)
             except asyncio.CancelledError:
                 raise
+            except _Pending as exc:  # the entry comes back with the next poll
+                log.info("%s", exc)
+                await asyncio.sleep(0.5)
+                continue
             except Exception:  # e.g. the disk is full: keep following, the entry comes back next time
                 log.exception("could not process the feed of %s; retrying", client.name)
                 await asyncio.sleep(1.0)
@@ -381,68 +482,97 @@ class SiteAgent:
             since = next_since
 
     async def _process(self, entry: FeedEntry, source: int) -> None:
-        """Apply one feed entry from aggregator `source` (under a lock: entries in the analyst's order)."""
+        """Answer one feed entry from aggregator `source` (under a lock: rounds in the analyst's order)."""
         assert self._lock is not None
+        message = entry.message
+        if not isinstance(message, Query) or message.round_id.number != entry.number:
+            log.warning("ignored a malformed feed entry %d", entry.number)
+            return
+        number = entry.number
+        loop = asyncio.get_running_loop()
         async with self._lock:
-            message = entry.message
-            if isinstance(message, PublicValue):
-                if entry.number not in self._seen_public:
-                    self._seen_public.add(entry.number)
-                    try:
-                        self.site.receive(message)
-                    except MessageError as exc:
-                        log.warning("ignored public value %r: %s", message.name, exc)
-                return
-            if not isinstance(message, Query) or message.round_id.number != entry.number:
-                log.warning("ignored a malformed feed entry %d", entry.number)
-                return
-            number = entry.number
             cached = self.answers.get(number)
-            loop = asyncio.get_running_loop()
             if cached is None:
+                await self._await_previous(message)
                 cached = await loop.run_in_executor(None, self._answer, message)
             elif cached.round_id != message.round_id:
                 log.warning("round %d offered for a second, different query; refused", number)
                 return
             elif cached.outputs is None:  # logged before a restart: re-create the identical shares
+                if number in self.settled:
+                    return  # released already: nothing left to send
                 cached = await loop.run_in_executor(None, self._recreate, message, cached)
         # The feed of `source` lists only rounds it has no answer of ours for, so send it ours again
         # even if it refused it before (it may not have had the query yet, e.g. after a restart).
         assert cached.outputs is not None
         self._push_all(number, cached.outputs, force=source)
+        if cached.kind == "shares" and number not in self.settled:
+            self._fetch_release(number)
+
+    async def _await_previous(self, query: Query) -> None:
+        """Before step t of a run: take in the release of step t-1 if this site answered it (fetching it now)."""
+        params = query.params
+        run, step = params.get("run"), params.get("step")
+        if query.name == JOIN or not isinstance(run, str) or isinstance(step, bool) or not isinstance(step, int):
+            return
+        previous = self.steps.get((run, step - 1))
+        if previous is None or previous in self.settled:
+            return  # the site's own checks decide (it never answered the previous step, or holds its release)
+        task = self._fetch_release(previous)
+        try:
+            await asyncio.wait_for(asyncio.shield(task), self.config.round_timeout_s)
+        except asyncio.TimeoutError:
+            raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
+                           "which the aggregators do not have yet") from None
+
+    # -- answering ---------------------------------------------------------------
 
     def _answer(self, query: Query) -> _Answer:
-        """Compute this site's answer to `query` once, and log it before anything is sent."""
-        n_aggs = len(self.clients)
+        """Compute this site's answer to `query` once, and log it before anything is sent (in a worker thread)."""
         rid = query.round_id
-        try:
-            self._check_policy(query)
-            spec = lookup(query.name)
-            if spec.release == "dp":
-                state_before = json.dumps(self.data.rng.bit_generator.state)
-                try:
-                    release = self.site.answer_dp(query)
-                except BaseException:
-                    self.data.rng.bit_generator.state = json.loads(state_before)
-                    raise
-                body = b"".join(pack_frames([release]))
-                rng = json.dumps(self.data.rng.bit_generator.state).encode()
-                # One transaction: the release and the noise state after it, so noise is never reused.
-                self.store.append_many([("dprelease", rid.number, body), ("rng", rid.number, rng)])
-                answer = _Answer(rid, "dp release", [[release] for _ in range(n_aggs)])
-            else:
-                shares = self.site.answer(query)
+        number = rid.number
+        with self._site_lock:
+            rng_before = json.dumps(self.data.rng.bit_generator.state)
+            logged: dict[str, Any] = {}
+
+            def persist(entries: list[LedgerEntry], shares: list[InputShare]) -> None:
+                # One transaction: the query, its ledger entries, the split and the noise state after it.
                 record = split_record(shares)
-                # The split (seeds and digests), not the vectors: see the module docstring.
-                self.store.append("answer", rid.number, json.dumps(record, sort_keys=True).encode())
-                answer = _Answer(rid, "shares", [[s] for s in shares], record)
-        except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
-            answer = self._refuse(query, _refusal_of(self.name, query, exc))
-        self.answers[rid.number] = answer
+                rows: list[tuple[str, int, bytes]] = [("query", number, query.encode())]
+                rows += [(LEDGER_PREFIX + e.kind, number, e.body) for e in entries]
+                rows.append(("answer", number, json.dumps(record, sort_keys=True).encode()))
+                rng = json.dumps(self.data.rng.bit_generator.state)
+                if rng != self._logged_rng:
+                    rows.append(("rng", number, rng.encode()))
+                self.store.append_many(rows)
+                self._logged_rng = rng
+                logged["record"] = record
+
+            try:
+                shares = self.site.answer(query, persist=persist)
+                answer = _Answer(rid, "shares", [[s] for s in sorted(shares, key=lambda s: s.aggregator)],
+                                 logged["record"])
+                self.queries[number] = query
+                self._index(number, query)
+            except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
+                self._undo(query, rng_before)
+                answer = self._refuse(query, _refusal_of(self.name, query, exc))
+            except BaseException:
+                self._undo(query, rng_before)  # e.g. the disk is full: nothing was sent, try again later
+                raise
+        self.answers[number] = answer
         if self.on_answer is not None:
-            self.on_answer(rid.number, answer.kind)
+            self.on_answer(number, answer.kind)
         log.info("answered %s (%s) with %s", rid, query.name, answer.kind)
         return answer
+
+    def _undo(self, query: Query, rng_before: str) -> None:
+        """After an answer that was not sent: no noise was used, and a join not logged is not joined."""
+        self.data.rng.bit_generator.state = json.loads(rng_before)
+        if query.name == JOIN and query.round_id.number not in self.site.answered:
+            run = query.params.get("run")
+            if isinstance(run, str):
+                self.site.runs.runs.pop(run, None)
 
     def _refuse(self, query: Query, reply: ErrorReply) -> _Answer:
         """Log a refusal of `query` (before it is sent) and return it as this site's answer."""
@@ -464,36 +594,99 @@ class SiteAgent:
         rid = query.round_id
         record = logged.split
         assert record is not None
-        try:
-            seeds = {int(j): bytes.fromhex(seed) for j, seed in record["seeds"].items()}
-            shares = self.site.answer(query, seeds=seeds)
-            problem = split_mismatch(record, shares)
-        except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
-            shares, problem = [], f"re-running the query failed: {type(exc).__name__}: {exc}"
-        if problem is None:
-            answer = _Answer(rid, "shares", [[s] for s in sorted(shares, key=lambda s: s.aggregator)], record)
-            log.info("re-created the logged shares of %s (%s) from the data and the logged seeds", rid, query.name)
-        else:
-            text = (
-                f"site {self.name!r}: cannot re-send its shares of round {rid.number} ({query.name}, {rid}) "
-                f"after a restart: {problem}. Its data or the "
-                "public values it uses changed since it answered; sending different shares would silently "
-                "corrupt the total, so it refuses this round"
-            )
-            log.error("%s", text)
-            answer = self._refuse(query, ErrorReply("SiteQueryError", text))
+        with self._site_lock:
+            try:
+                seeds = {int(j): bytes.fromhex(seed) for j, seed in record["seeds"].items()}
+                shares = self.site.answer(query, seeds=seeds)  # replayed: the ledger holds it already
+                problem = split_mismatch(record, shares)
+            except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
+                shares, problem = [], f"re-running the query failed: {type(exc).__name__}"
+                log.warning("re-running %s (%s) failed: %r", rid, query.name, exc)
+            if problem is None:
+                answer = _Answer(rid, "shares", [[s] for s in sorted(shares, key=lambda s: s.aggregator)], record)
+                log.info("re-created the logged shares of %s (%s) from the data and the logged seeds", rid, query.name)
+            else:
+                text = (
+                    f"site {self.name!r}: cannot re-send its shares of round {rid.number} ({query.name}, {rid}) "
+                    f"after a restart: {problem}. Its data changed since it answered; sending different shares "
+                    "would silently corrupt the total, so it refuses this round"
+                )
+                log.error("%s", text)
+                answer = self._refuse(query, ErrorReply("SiteQueryError", text))
         self.answers[rid.number] = answer
         if self.on_answer is not None:
             self.on_answer(rid.number, answer.kind if problem is None else "refusal")
         return answer
 
-    def _check_policy(self, query: Query) -> None:
-        params = query.params
-        if params.get("non_private") is True and not self.allow_non_private:
-            raise SiteQueryError(
-                f"site {self.name!r}: refuses the non-private release asked by query {query.name!r} "
-                "(start the site agent with --allow-non-private to permit it)"
-            )
+    # -- releases ----------------------------------------------------------------
+
+    def _fetch_release(self, number: int) -> asyncio.Task:
+        """The task that takes round `number`'s release in (started once; again only after it failed)."""
+        task = self._fetches.get(number)
+        if task is None or (task.done() and number not in self.settled):
+            task = asyncio.create_task(self._get_release(number))
+            self._fetches[number] = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _get_release(self, number: int) -> None:
+        """Fetch every aggregator's share of round `number`'s release, log them, and take them in."""
+        query = self.queries[number]
+        request = StatusRequest(query.round_id)
+        loop = asyncio.get_running_loop()
+        # A round is abandoned ABANDON_FACTOR round timeouts after it opened; after that nothing will come.
+        give_up = loop.time() + (ABANDON_FACTOR + 1.0) * self.config.round_timeout_s
+
+        async def one(client: AggregatorClient) -> Message:
+            delay = 0.05
+            while not self._stopping:
+                try:
+                    share = await client.release(request, self.poll_wait)
+                except TransportError:
+                    if loop.time() + delay > give_up:
+                        raise
+                    await asyncio.sleep(delay)
+                    delay = min(2.0, delay * 2)
+                    continue
+                if share is not None:
+                    return share
+                if loop.time() > give_up:
+                    raise TransportError(f"round {number} was not released by {client.name} in time")
+            raise TransportError("the site agent is stopping")
+
+        fetches = [asyncio.ensure_future(one(c)) for c in self.clients]
+        try:
+            shares = await asyncio.gather(*fetches)
+        except SecAggError as exc:  # e.g. the round closed without this site, or was abandoned
+            if isinstance(exc, TransportError):
+                log.warning("gave up fetching the release of round %d: %s", number, exc)
+                return
+            log.info("round %d brings this site no release: %s: %s", number, type(exc).__name__, exc)
+            self.settled.add(number)
+            return
+        finally:
+            for f in fetches:
+                f.cancel()
+        if not all(isinstance(s, (AggregateShare, ForwardedShares)) and s.round_id == query.round_id for s in shares):
+            log.error("an aggregator answered the release of round %d with something else; ignored", number)
+            return
+        await loop.run_in_executor(None, self._take_release, number, list(shares))
+
+    def _take_release(self, number: int, shares: list) -> None:
+        """Log a round's release, then move the site's copy of its run on with it (in a worker thread)."""
+        with self._site_lock:
+            if number in self.settled:
+                return
+            self.store.append("release", number, b"".join(pack_frames(shares)))
+            self.settled.add(number)
+            try:
+                self.site.receive_release(shares)
+            except SecAggError as exc:
+                # The aggregators' shares do not belong together, or not to this run: its next rounds are refused.
+                log.error("the release of round %d cannot be taken in: %s: %s", number, type(exc).__name__, exc)
+            else:
+                log.info("took in the release of round %d", number)
 
     # -- pushing -----------------------------------------------------------------
 
@@ -536,6 +729,12 @@ class SiteAgent:
             self._inflight.discard((number, j))
 
 
+def _expect_query(message: Message, path: Path, number: int) -> Query:
+    if not isinstance(message, Query) or message.round_id.number != number:
+        raise ConfigError(f"{path}: the logged query of round {number} is not a Query of that round")
+    return message
+
+
 def run_site(
     config: StudyConfig | str,
     name: str,
@@ -559,7 +758,8 @@ def run_site(
         n = {k: int(v.size if v.ndim == 1 else v.shape[0]) for k, v in agent.data.arrays.items()}
         announce(
             f"site {name!r} of study {config.study_id!r}: {max(n.values(), default=0)} records from "
-            f"{agent.party.data}; following {len(agent.clients)} aggregators (outbound only)",
+            f"{agent.party.data}; policy {agent.policy.digest()[:12]} ({agent.policy.describe()}); "
+            f"{len(agent.answers)} logged answers replayed; following {len(agent.clients)} aggregators (outbound only)",
             ready,
         )
         await agent.run(stop)

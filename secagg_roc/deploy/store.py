@@ -11,10 +11,10 @@ made twice over different contributor sets, and a round number is never
 reused for another query, even across restarts.
 
 The file is SECRET: an aggregator's log holds its shares of every input; a
-site's log holds the splits (PRG seeds and digests) and DP releases it
-computed. ``meta`` binds the
-file to one study and one party, so a database cannot be mixed up between
-parties by a wrong path.
+site's log holds the splits (PRG seeds and digests) of its answers, its ledger
+(with the DP releases it computed and their charges), its DP-noise state and
+the releases it received. ``meta`` binds the file to one study and one party,
+so a database cannot be mixed up between parties by a wrong path.
 
 Durability: ``synchronous=FULL`` (the default) makes an acknowledged entry
 survive power loss as well as a killed process; ``NORMAL`` survives a killed

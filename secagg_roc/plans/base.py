@@ -134,7 +134,7 @@ def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int) 
     """Why a requested round differs from the plan's step, or None when it is exactly the step."""
     if name != step.query:
         return f"it asks for query {name!r}, the plan's step is {step.query!r}"
-    if int(frac_bits) != step.frac_bits:
+    if int(frac_bits) != step.frac_bits and step.release != "dp":  # per-site releases are raw float64 bits
         return f"it asks for {frac_bits} fractional bits, the plan's step uses {step.frac_bits}"
     got = canonical_params(params)
     for key in sorted(set(got) | set(step.params)):

@@ -84,7 +84,7 @@ class SiteRuns:
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
         problems = role_problems(data, plan.uses(canon))
-        if plan.per_site and data.records() < self.policy.privacy_level:
+        if plan.per_site and not problems and data.records() < self.policy.privacy_level:
             problems.append(f"fewer records than q = {self.policy.privacy_level}; it releases no per-site values")
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.

@@ -1,11 +1,11 @@
 """Data checks of a site's arrays for the roles an analysis gives them (run by each Site).
 
 Run when a site loads its data (`secagg-roc site check` prints the result for
-the operator) and once when a run starts, never per round: a site whose data
-fail the checks for an analysis does not join its runs, and per-round queries
-take no analyst-chosen bound that could turn a refusal into a probe.
-Problems are described by array and kind of fault, with counts at most,
-never with a value.
+the operator, with counts) and once when a run starts, never per round: a site
+whose data fail the checks for an analysis does not join its runs, and says
+which check failed without any count or value (`detail=False`: that text
+reaches the analyst). Per-round queries take no analyst-chosen bound that
+could turn a refusal into a probe.
 """
 
 from __future__ import annotations
@@ -14,42 +14,59 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import SiteQueryError
-from .common import labels, matrix, scores
 from .registry import SiteData
 
 
-def _weights(site: SiteData, name: str) -> None:
-    w = np.asarray(site.array(name))
-    if w.ndim != 1 or w.dtype.kind not in "iuf":
-        raise site.fail(f"weight array {name!r} must be a numeric vector")
-    w = w.astype(np.float64)
-    if not np.all(np.isfinite(w)) or np.any(w < 0):
-        raise site.fail(f"weight array {name!r} must be finite and non-negative")
+def _numeric(a: np.ndarray) -> bool:
+    return a.dtype.kind in "iufb"
 
 
-def role_problems(site: SiteData, uses: Iterable[tuple[str, str]]) -> list[str]:
-    """What is wrong with `site`'s arrays for the (role, array) pairs of an analysis; [] if nothing."""
+def _problem(site: SiteData, role: str, name: str, detail: bool) -> tuple[str | None, int | None]:
+    """(what is wrong with array `name` as a `role`, its number of records)."""
+    if name not in site.arrays:
+        have = ", ".join(sorted(site.arrays)) or "none"
+        return f"no array named {name!r} (it has: {have})", None
+    a = np.asarray(site.arrays[name])
+    if a.ndim == 0 or not _numeric(a):
+        return f"{role} array {name!r} must be numeric with one entry per record", None
+    n = int(a.shape[0])
+    if role in ("label", "score", "weight") and a.ndim != 1:
+        return f"{role} array {name!r} must be one-dimensional", n
+    if role == "covariate" and a.ndim > 2:
+        return f"covariate array {name!r} must be 1-D or 2-D", n
+    values = a.astype(np.float64)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        count = f" ({int(bad.sum())} entries)" if detail else ""
+        return f"{role} array {name!r} contains NaN or infinite values{count}", n
+    if role == "label":
+        other = ~np.isin(values, (0.0, 1.0))
+        if other.any():
+            count = f" ({int(other.sum())} records)" if detail else ""
+            return f"label array {name!r} holds values other than 0 and 1{count}", n
+    if role == "weight" and np.any(values < 0):
+        return f"weight array {name!r} must be non-negative", n
+    return None, n
+
+
+def role_problems(site: SiteData, uses: Iterable[tuple[str, str]], *, detail: bool = False) -> list[str]:
+    """What is wrong with `site`'s arrays for the (role, array) pairs of an analysis; [] if nothing.
+
+    With `detail` (for the site's operator) problems carry counts; without it
+    (for a refusal the analyst sees) they name the array and the check only.
+    """
     problems: list[str] = []
     lengths: dict[str, int] = {}
     for role, name in uses:
-        try:
-            if role == "label":
-                lengths[name] = labels(site, name).size
-            elif role == "score":
-                lengths[name] = scores(site, name).size
-            elif role == "covariate":
-                lengths[name] = matrix(site, name, None).shape[0]
-            elif role == "weight":
-                _weights(site, name)
-                lengths[name] = int(np.asarray(site.array(name)).shape[0])
-            else:
-                problems.append(f"unknown role {role!r} for array {name!r}")
-        except SiteQueryError as exc:
-            problems.append(str(exc).removeprefix(f"site {site.name!r}: "))
+        problem, n = _problem(site, role, name, detail)
+        if problem is not None:
+            problems.append(problem)
+        if n is not None:
+            lengths[name] = n
     if len(set(lengths.values())) > 1:
-        detail = ", ".join(f"{n}: {k}" for n, k in sorted(lengths.items()))
-        problems.append(f"arrays of one analysis must have one entry per record; lengths differ ({detail})")
+        names = ", ".join(sorted(lengths))
+        sizes = " (" + ", ".join(f"{k}: {v}" for k, v in sorted(lengths.items())) + ")" if detail else ""
+        problems.append(f"arrays {names} of one analysis must have one entry per record; their lengths differ{sizes}")
     return problems
 
 

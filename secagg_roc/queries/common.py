@@ -39,8 +39,8 @@ def labels(site: SiteData, name: str) -> np.ndarray:
         raise site.fail(f"label array {name!r} contains NaN or infinite values")
     bad = ~np.isin(raw, (0, 1))
     if np.any(bad):
-        # The count, not the values: this text leaves the site.
-        raise site.fail(f"label array {name!r} must contain only 0 and 1; {int(bad.sum())} record(s) have other values")
+        # Neither values nor a count: this text may leave the site (the operator's `site check` counts).
+        raise site.fail(f"label array {name!r} holds values other than 0 and 1")
     return raw.astype(np.int64)
 
 
@@ -53,9 +53,9 @@ def scores(site: SiteData, name: str, *, n: int | None = None) -> np.ndarray:
         raise site.fail(f"score array {name!r} must be numeric, got dtype {raw.dtype}")
     s = raw.astype(np.float64)
     if not np.all(np.isfinite(s)):
-        raise site.fail(f"score array {name!r} contains {int(np.sum(~np.isfinite(s)))} NaN or infinite value(s)")
+        raise site.fail(f"score array {name!r} contains NaN or infinite values")
     if n is not None and s.size != n:
-        raise site.fail(f"score array {name!r} has {s.size} entries but the labels have {n}")
+        raise site.fail(f"score array {name!r} has a different length than the labels")
     return s
 
 
@@ -117,9 +117,7 @@ def matrix(site: SiteData, names: Any, n: int | None) -> np.ndarray:
         return np.zeros((0 if n is None else n, 0))
     rows = {c.shape[0] for c in cols}
     if len(rows) != 1 or (n is not None and rows != {n}):
-        detail = ", ".join(f"{nm}: {c.shape[0]}" for nm, c in zip(names, cols))
-        expected = "" if n is None else f" (expected {n})"
-        raise site.fail(f"covariate arrays have mismatched lengths{expected}: {detail}")
+        raise site.fail(f"covariate arrays {', '.join(names)} have mismatched lengths")
     return np.hstack(cols)
 
 

@@ -55,7 +55,7 @@ def arrays_design(site: SiteData, spec: dict[str, Any]) -> Design:
             raise site.fail(f"weight array {w_name!r} must be a numeric vector")
         w = w.astype(np.float64)
         if w.size != y.size:
-            raise site.fail(f"weight array {w_name!r} has {w.size} entries but the response has {y.size}")
+            raise site.fail(f"weight array {w_name!r} has a different length than the response")
         if not np.all(np.isfinite(w)) or np.any(w < 0):
             raise site.fail(f"weight array {w_name!r} must be finite and non-negative")
     return y, X, w, int(y.size)
