@@ -191,9 +191,8 @@ class Round:
         counted = shares[0].records != NOT_COUNTED
         records = sum(s.records for s in shares) if counted else NOT_COUNTED
         if counted and records < self.policy.privacy_level:
-            raise PrivacyError(
-                f"{self.round_id}: the total covers {records} record(s), fewer than the privacy level "
-                f"q={self.policy.privacy_level}"
+            raise PrivacyError(  # without the count: a total below q is exactly what q keeps from the analyst
+                f"{self.round_id}: the total covers fewer than the privacy level q={self.policy.privacy_level} records"
             )
         if self.per_site:
             # Forwarded, never summed: this aggregator's share of each site's own release.

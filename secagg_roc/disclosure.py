@@ -32,10 +32,10 @@ def atoms_problem(sets: list[Mapping[str, int]], min_sites: int, privacy_level: 
         # A site's count may differ between releases: the smallest one counts.
         count = sum(min(s[site] for s in sets if site in s) for site in sites)
         if len(sites) < min_sites or count < privacy_level:
+            # The text reaches the analyst: it names the rule, never the atom's record count (data it was not given).
             return (
                 f"an earlier release covered another set of sites; together the releases would isolate "
-                f"{len(sites)} site(s) with {count} record(s), fewer than min_sites = {min_sites} sites or "
-                f"q = {privacy_level} records"
+                f"{len(sites)} site(s), fewer than min_sites = {min_sites} sites or q = {privacy_level} records"
             )
     return None
 

@@ -335,6 +335,8 @@ class Query(Message):
             value = json.loads(self.params_json)
         except ValueError as exc:
             raise MessageError(f"query parameters are not JSON: {exc}") from None
+        except RecursionError:  # e.g. "[[[[...]]]]": a refusal like any malformed message, not an internal error
+            raise MessageError("query parameters are nested too deeply") from None
         if not isinstance(value, dict):
             raise MessageError("query parameters must be a JSON object")
         return value

@@ -252,7 +252,7 @@ INVALID = [
     (_set("sites[0].allowed_queries", "q"), "sites[0].allowed_queries: must be an array"),
     (_set("sites[0].key", "keys/agg-1/key.pem"), "sites[0].key: "),
     (_set("study.ca_cert", "keys/analyst/cert.pem"), "analyst.cert: "),
-    (_set("sites[0].allowed_queries", ["sum"]), "sites[0].allowed_queries: unknown site query 'sum' (known: "
+    (_set("sites[0].allowed_queries", ["dump"]), "sites[0].allowed_queries: unknown site query 'dump' (known: "
      "calibration.bins, calibration.brier"),
     # the [policy] table
     (_set("policy", "strict"), "policy: must be a table, got a string"),
@@ -262,7 +262,7 @@ INVALID = [
     (_set("policy", {"min_cell_count": 0}), "policy.min_cell_count: must be at least 1, got 0"),
     (_set("policy", {"allow_dropouts": "yes"}), "policy.allow_dropouts: must be true or false, got a string"),
     (_set("policy", {"analyses": ["glm", "dump"]}), "policy.analyses: unknown analysis 'dump' (known: brier, "
-     "calibration, glm, rocglm, sensitivity)"),
+     "calibration, glm, rocglm, sensitivity, sum)"),
     (_set("policy", {"analyses": "glm"}), "policy.analyses: must be an array of analysis names"),
     (_set("policy", {"score_range": [1, 0]}), "policy.score_range: must be two finite numbers [lower, upper]"),
     (_set("policy", {"calibration_bins": 0}), "policy.calibration_bins: must be between 1 and 10000, got 0"),

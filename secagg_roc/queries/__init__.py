@@ -14,7 +14,7 @@ from .registry import (
 )
 
 # Built-in queries register themselves on import.
-from . import calibration, glm, roc, run, sensitivity  # noqa: E402,F401
+from . import basic, calibration, glm, roc, run, sensitivity  # noqa: E402,F401
 
 __all__ = [
     "QUERIES",

@@ -160,7 +160,10 @@ def _jsonable(value: Any) -> Any:
 
 def canonical_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
     """Public query parameters as plain JSON values (arrays become lists)."""
-    return _jsonable(dict(params or {}))
+    try:
+        return _jsonable(dict(params or {}))
+    except RecursionError:
+        raise SiteQueryError("query parameters are nested too deeply") from None
 
 
 def query_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32) -> bytes:

@@ -6,6 +6,7 @@ policy, and only secure totals (or per-site DP releases) come back.
 """
 
 from . import sensitivity  # noqa: F401  (registers the ``sensitivity`` plan)
+from .sums import column_sums
 from .calibration import BrierScore, brier_score, calibration_curve
 from .glm import ConvergenceWarning, FitError, fit_glm
 from .results import AucTest, CalibrationCurve, GlmResult, NamedArray, RocGlmResult
@@ -25,6 +26,7 @@ __all__ = [
     "binormal_auc",
     "brier_score",
     "calibration_curve",
+    "column_sums",
     "fit_glm",
     "roc_glm",
 ]

@@ -1,0 +1,40 @@
+"""Column sums of a named array over the sites: the ``sum`` plan (not among the default analyses).
+
+One secure round. The released total covers the run's contributor set and
+meets q and min_sites like every release; a policy lists ``sum`` only where the
+totals of its arrays may be released (e.g. for aggregate counts, or for
+benchmarking the secure sum on real processes). Values are summed at the
+study's precision (32 fractional bits); a site clips any value beyond the
+fixed-point range rather than refusing (a refusal would depend on the data).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generator
+
+import numpy as np
+
+from ..plans import PlanContext, Step, plan, run_analysis
+from ..policy import Policy
+
+if TYPE_CHECKING:
+    from ..study import Study
+
+
+def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
+    array = args.get("array")
+    if not isinstance(array, str):
+        raise ValueError("array must be an array name")
+    return {"array": array}
+
+
+@plan("sum", declare=_declare, uses=lambda args: [("covariate", args["array"])])
+def sum_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, np.ndarray]:
+    """The ``sum`` plan: one secure sum."""
+    total = yield Step("sum", {"array": args["array"]})
+    return np.asarray(total["sum"])
+
+
+def column_sums(study: "Study", array: str) -> np.ndarray:
+    """The sum of `array` over every record of the run's contributing sites (the ``sum`` analysis)."""
+    return run_analysis(study, "sum", {"array": array})
