@@ -108,7 +108,7 @@ def analysis(repeats: int, workdir: str) -> None:
         data[f"site-{i + 1}"] = {"y": y, "score": score}
     print(f"\n2. distributed analysis: roc_glm (DP) + CI + brier + calibration, 5 site agents, n={sum(sizes)}")
     t0 = time.perf_counter()
-    policy = Policy(dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05))
+    policy = Policy(dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05), roles={"label": ["y"], "score": ["score"]})
     with LocalCluster(os.path.join(workdir, "analysis"), data, seed=5, round_timeout_s=60.0, log_level="WARNING",
                       policy=policy) as cl:
         print(f"   cluster up in {time.perf_counter() - t0:.1f} s")

@@ -46,7 +46,7 @@ def run(l2: float, mechanism: str, reps: int, n_sites: int, seed: int) -> dict[s
         y, s = generate(rng)
         parts = np.array_split(rng.permutation(y.size), n_sites)
         data = {f"site{k}": {"y": y[p], "score": s[p]} for k, p in enumerate(parts)}
-        policy = Policy(allow_non_private=True, dp=None if mechanism == "none" else DPPolicy(
+        policy = Policy(allow_non_private=True, roles={"label": ["y"], "score": ["score"]}, dp=None if mechanism == "none" else DPPolicy(
             epsilon=eps, delta=delta, l2_sensitivity=l2, mechanism=mechanism))
         study = Study.local(data, policy=policy, seed=seed * 100_003 + rep)
         with warnings.catch_warnings():

@@ -84,16 +84,20 @@ class Ledger:
 
     # -- exact releases ----------------------------------------------------------
 
+    def check_data(self, data: str) -> None:
+        """Refuse to take part in a new run once the site's data differ from those of its exact releases."""
+        if self.data_digests and data not in self.data_digests:
+            raise PolicyError(
+                f"site {self.site!r}: ledger: its data changed since its earlier releases in this study; releases "
+                "before and after the change could be differenced to reveal it (a new study id is needed)"
+            )
+
     def check_exact(self, contributors: Iterable[str], records: int, data: str) -> None:
         """Refuse to contribute over `contributors` if it could be differenced against earlier releases (PolicyError)."""
         new = frozenset(contributors)
         if not self.sets:
             return
-        if any(digest != data for digest in self.data_digests):
-            raise PolicyError(
-                f"site {self.site!r}: ledger: its data changed since its earlier releases in this study; releases "
-                "before and after the change could be differenced to reveal it (a new study id is needed)"
-            )
+        self.check_data(data)
         if new in self.sets:
             return  # the same sites again: nothing new to subtract
         sets = [*self.sets, new]

@@ -11,7 +11,8 @@ What the policy fixes:
 * disclosure rules for exact releases: ``privacy_level`` (q, the fewest records
   a release covers), ``min_sites`` and ``min_cell_count`` (the fewest records
   behind any released table cell, as DataSHIELD's ``nfilter.tab``);
-* which analyses may run, and which arrays may play which role in them;
+* which analyses may run, and which arrays may play which role in them (a
+  policy with DP releases must name its labels and scores);
 * every cut point: the public score range (scores are clipped to it), the
   calibration bins, the ROC-GLM threshold grid, the sensitivity grid;
 * differential privacy (`DPPolicy`): the mechanism, the per-release
@@ -170,6 +171,13 @@ class Policy:
         _positive(self.sensitivity_resolution, "sensitivity_resolution")
         if self.dp is not None and not isinstance(self.dp, DPPolicy):
             set_(self, "dp", DPPolicy(**dict(self.dp)))
+        if self.dp is not None and (self.roles is None or not self.roles.get("label") or not self.roles.get("score")):
+            # The l2-sensitivity is a property of particular scores, and a DP release splits them by a label:
+            # without roles an analyst could release any column, split by any 0/1 column.
+            raise PolicyError(
+                "policy: a policy that allows DP releases must name the arrays that may be labels and scores "
+                "(roles.label and roles.score): the l2-sensitivity holds for those scores only"
+            )
 
     # -- construction ---------------------------------------------------------
 

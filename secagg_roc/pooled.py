@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .stats.binning import bin_index
+from .stats.binning import bin_index, released_cells
 from .stats.calibration import assemble_curve
 from .stats.delong import logit_ci as _logit_ci, raw_ci
 from .stats.families import check_family
@@ -143,9 +143,9 @@ def brier_score(y, p) -> float:
 def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=None) -> CalibrationCurve:
     """Calibration curve on pooled records, with the distributed curve's disclosure rule.
 
-    With `sites` (one site label per record) each site's cells with fewer than
-    `min_cell_count` records are left out, as every site leaves them out of the
-    distributed curve; without it the rule applies to the pooled cells.
+    With `sites` (one site label per record) each site's cells are released by
+    the rule every site applies to the distributed curve
+    (`stats.binning.released_cells`); without it the rule applies to the pooled cells.
     """
     y = np.asarray(y)
     p = np.asarray(p, dtype=float)
@@ -159,7 +159,7 @@ def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=Non
     for g in np.unique(groups):
         mine = groups == g
         c = np.bincount(idx[mine], minlength=n_bins)
-        keep = c >= min_cell_count
+        keep = released_cells(c, min_cell_count)
         counts += np.where(keep, c, 0)
         sum_pred += np.where(keep, np.bincount(idx[mine], weights=p[mine], minlength=n_bins), 0.0)
         sum_label += np.where(keep, np.bincount(idx[mine], weights=y[mine].astype(float), minlength=n_bins), 0.0)

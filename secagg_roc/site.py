@@ -105,14 +105,17 @@ class Site:
     # -- answering ------------------------------------------------------------------
 
     def answer(
-        self, query: Query, *, seeds: Mapping[int, bytes] | None = None, persist: Persist | None = None
+        self, query: Query, *, seeds: Mapping[int, bytes] | None = None, persist: Persist | None = None,
+        replay: bool = False,
     ) -> list[InputShare]:
         """Run by the Site: one `InputShare` per aggregator for a round of a run it takes part in.
 
         Raises `PolicyError` (naming the rule) for anything outside the policy,
         the plan or the ledger. `seeds` re-creates a split the site made before
         (see `share`); `persist(entries, shares)` must make the ledger entries
-        durable before the shares are sent.
+        durable before the shares are sent. With `replay` (a restarted agent
+        re-creating shares it sent before) a per-site release must come from
+        the ledger: new noise is never drawn.
         """
         self.check_query(query)
         params = query.params
@@ -139,7 +142,7 @@ class Site:
                     f"plan: {problem}"
                 )
             if step.release == "dp":
-                shares, entries = self._per_site(query, info, number, step, seeds)
+                shares, entries = self._per_site(query, info, number, step, seeds, replay)
             else:
                 shares, entries = self._exact(query, info, number, step, seeds)
         if persist is not None:
@@ -156,13 +159,18 @@ class Site:
         joined = None
         if not again:  # the same join again (a restarted agent re-sending its shares) was checked before
             joined = self.runs.check_join(params, self.data)
-            if joined[1].get("mode") == "non-private" and not self.allow_non_private:
-                raise PolicyError(
-                    f"site {self.name!r}: its operator does not allow the non-private validation mode "
-                    "(start the site agent with --allow-non-private to permit it)"
-                )
+            self._check_consent(joined[1])
+            # Even the join's record total would tell how the data changed since earlier releases.
+            self.ledger.check_data(self.data_digest)
         _, result = run_site_query(self.data, JOIN, {})
         return self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(JOIN).outputs), joined
+
+    def _check_consent(self, args: Mapping) -> None:
+        if args.get("mode") == "non-private" and not self.allow_non_private:
+            raise PolicyError(
+                f"site {self.name!r}: its operator does not allow the non-private validation mode "
+                "(start the site agent with --allow-non-private to permit it)"
+            )
 
     def restore(self, query: Query, release: list[AggregateShare] | list[ForwardedShares] | None) -> None:
         """Replay a round this site answered before a restart (and its release, if it came).
@@ -175,6 +183,7 @@ class Site:
         params = query.params
         if query.name == JOIN:
             plan, args = self.runs.check_join(params, self.data)
+            self._check_consent(args)  # an agent restarted without its consent takes no further part
             self.runs.join(params["run"], plan, args)
         else:
             self.runs.expect(params.get("run"), params.get("step"))
@@ -191,7 +200,8 @@ class Site:
                             saturate=True)
         return shares, [entry]
 
-    def _per_site(self, query: Query, info: RunInfo, number: int, step: Step, seeds) -> tuple[list, list]:
+    def _per_site(self, query: Query, info: RunInfo, number: int, step: Step, seeds, replay: bool = False
+                  ) -> tuple[list, list]:
         """A per-site release: replayed from the ledger, or computed, charged and recorded."""
         blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
         key = hashlib.sha256(blob.encode()).hexdigest()
@@ -199,6 +209,11 @@ class Site:
         entries: list[LedgerEntry] = []
         if stored is not None:
             values = stored.values  # a repeat: the same values, never new noise
+        elif replay:
+            raise PolicyError(
+                f"site {self.name!r}: round {number} of run {info.run!r}: its release is not in the ledger "
+                "(the site's data changed since it answered); no new noise is drawn to re-create it"
+            )
         else:
             params = step.params
             if params.get("non_private") is True:

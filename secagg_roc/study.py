@@ -111,8 +111,8 @@ class LocalStudy(Study):
     `policy` is the sites' privacy policy (default `Policy()`: q = 5, two sites
     at least, no DP release until a ``dp`` section is given, no non-private
     mode). The keywords `privacy_level`, `min_sites`, `allow_non_private`,
-    `allow_dropouts` and `dp` (a `DPPolicy` or its dict) are shortcuts for
-    the policy's fields; ``allow_non_private=True`` is the researcher's explicit
+    `allow_dropouts`, `roles` and `dp` (a `DPPolicy` or its dict; it needs
+    `roles` naming labels and scores) are shortcuts for the policy's fields; ``allow_non_private=True`` is the researcher's explicit
     non-private simulation mode, and every result then says so. `seed` seeds
     the sites' DP noise only (share randomness always comes from the operating
     system); ``scheme="plaintext"`` runs the non-private trusted-host baseline.
@@ -129,6 +129,7 @@ class LocalStudy(Study):
         allow_non_private: bool | None = None,
         allow_dropouts: bool | None = None,
         dp: DPPolicy | Mapping[str, Any] | None = None,
+        roles: Mapping[str, Any] | None = None,
         seed: int | None = None,
         scheme: str = "additive",
         frac_bits: int = 32,
@@ -138,7 +139,8 @@ class LocalStudy(Study):
         from .federation import LocalFederation
 
         self.policy = local_policy(policy, privacy_level=privacy_level, min_sites=min_sites,
-                                   allow_non_private=allow_non_private, allow_dropouts=allow_dropouts, dp=dp)
+                                   allow_non_private=allow_non_private, allow_dropouts=allow_dropouts, dp=dp,
+                                   roles=roles)
         self.sites = tuple(data)
         self.scheme = scheme
         self.federation = LocalFederation(

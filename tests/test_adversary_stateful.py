@@ -35,7 +35,8 @@ from secagg_roc.queries import QUERIES
 SITES = ("a", "b", "c", "d", "e")
 Q, MIN_SITES = 4, 2
 POLICY = Policy(privacy_level=Q, min_sites=MIN_SITES, min_cell_count=3, allow_dropouts=True, calibration_bins=5,
-                rocglm_thresholds=10, dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.02,
+                rocglm_thresholds=10, roles={"label": ["y"], "score": ["score"], "covariate": ["x"]},
+                dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.02,
                                                   budget_epsilon=1.0, budget_delta=0.5))
 
 

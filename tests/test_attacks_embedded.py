@@ -19,6 +19,7 @@ from secagg_roc.plans.runner import join_params
 from secagg_roc.ring import encode_raw
 
 DP = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=0.6, budget_delta=0.6)
+ROLES = {"label": ["y"], "score": ["score"], "covariate": ["age"]}
 
 
 def _data(seed=0, sizes=(30, 25, 35, 20, 40), **extra):
@@ -32,7 +33,7 @@ def _data(seed=0, sizes=(30, 25, 35, 20, 40), **extra):
 
 
 def _study(data=None, **policy):
-    policy = Policy(**{"dp": DP, **policy})
+    policy = Policy(**{"dp": DP, "roles": ROLES, **policy})
     return sr.Study.local(data or _data(), policy=policy, seed=1)
 
 
@@ -277,3 +278,14 @@ def test_results_name_their_contributors():
     assert sr.roc_glm(study, "y", "score").contributors == study.sites
     assert sr.calibration_curve(study, "y", "score").to_dict()["contributors"] == list(study.sites)
     assert "Sites: h0, h1, h2, h3, h4" in repr(sr.fit_glm(study, "y", "age"))
+
+
+def test_a_restored_site_without_consent_takes_no_further_part_in_a_non_private_run():
+    study = _study(allow_non_private=True)
+    args = sr.plans.declared(sr.plans.get_plan("rocglm"), study.policy, {"label": "y", "score": "score", "epsilon": None})
+    join = study.federation._query("run.join", join_params("np1", "rocglm", args, study.policy.digest()), None)
+    site = study.site_objects["h0"]
+    site.allow_non_private = False  # the agent restarted without --allow-non-private
+    with pytest.raises(PolicyError, match="does not allow the non-private validation mode"):
+        site.restore(join, None)
+    assert "np1" not in site.runs.runs

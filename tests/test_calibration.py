@@ -33,14 +33,15 @@ def _site_labels(sizes):
 @st.composite
 def split_predictions(draw):
     n_sites = draw(st.integers(2, 10))
-    sizes = draw(st.lists(st.integers(1, 30), min_size=n_sites, max_size=n_sites))
+    cell = draw(st.integers(1, 6))
+    sizes = draw(st.lists(st.integers(cell, 30), min_size=n_sites, max_size=n_sites))  # a site needs `cell` records
     n = sum(sizes)
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     p = rng.beta(draw(st.floats(0.3, 3.0)), draw(st.floats(0.3, 3.0)), n)
     if draw(st.booleans()):
         p = np.round(p, 1)  # predictions on bin edges
     y = (rng.uniform(size=n) < p).astype(int)
-    return y, p, sizes, draw(st.integers(2, 20)), draw(st.integers(1, 8)), draw(st.integers(1, 6))
+    return y, p, sizes, draw(st.integers(2, 20)), draw(st.integers(1, 8)), cell
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -61,29 +62,43 @@ def test_distributed_equals_pooled_with_the_per_site_cell_rule(data):
         assert got.ece == pytest.approx(ref.ece, abs=TOL)
     assert got.suppressed == ref.suppressed
     assert np.all(got.count[got.released] >= cell)  # every released cell meets the minimum count
+    withheld = y.size - np.nansum(got.count)
+    assert withheld == 0 or withheld >= cell  # and so does the remainder other releases would give away
     assert got.contributors == tuple(f"s{k}" for k in range(len(sizes)))
 
 
 def test_small_cells_are_withheld_at_each_site_and_never_summed():
-    # Bin (0.2, 0.3] has 3 records at each of 3 sites: below the minimum cell count 5 at every
-    # site, so no site sends it, although 9 records lie in it over all sites.
-    site_p = [np.r_[[0.25] * 3, [0.55] * 6, [0.85]], np.r_[[0.25] * 3, [0.55] * 6, [0.85]], np.r_[[0.25] * 3, [0.6] * 4]]
+    # Bin (0.2, 0.3] has 3 records at each of s0 and s1: below the minimum cell count 5 at both, so
+    # neither sends it, although 6 records lie in it. Each then withholds its smallest other cell
+    # (0.5, 0.6], because the 3 (or 3 + 1) records it withholds would otherwise be recoverable as the
+    # run's record total minus the released counts.
+    site_p = [np.r_[[0.25] * 3, [0.55] * 6, [0.75] * 8, [0.85]], np.r_[[0.25] * 3, [0.55] * 6, [0.75] * 8],
+              np.r_[[0.55] * 7, [0.75] * 5]]
     rng = np.random.default_rng(0)
     data = {f"s{k}": {"p": p, "y": (rng.uniform(size=p.size) < p).astype(int)} for k, p in enumerate(site_p)}
     study = Study.local(data, privacy_level=5, seed=0)
     c = calibration_curve(study, "y", "p", n_bins=10)
     assert not c.released[2] and np.isnan(c.count[2])
-    assert c.released[5] and c.count[5] == 12  # sites s0 and s1: 6 each; s2's 4 in (0.5, 0.6] are withheld
-    assert not c.released[8]
-    assert c.min_cell_count == 5 and c.n_records == 27
-    # Each site, on its own, sends zeros for its small cells.
+    assert c.count[5] == 7 and c.count[7] == 21 and not c.released[8]  # s2's 7; 8 + 8 + 5
+    assert c.min_cell_count == 5 and c.n_records == 47 and c.n_released_records == 28  # 19 withheld: >= 5
+    # Each site, on its own, sends zeros for the cells it withholds.
     _, res = run_site_query(SiteData("s0", data["s0"]), "calibration.bins",
                             {"label": "y", "score": "p", "n_bins": 10, "min_cell": 5, "score_range": [0.0, 1.0]})
-    assert res.values["count"][2] == 0 and res.values["sum_pred"][2] == 0 and res.values["sum_label"][8] == 0
-    assert res.values["count"][5] == 6 and res.values["sum_pred"][5] == pytest.approx(3.3)
+    assert res.values["count"].tolist() == [0] * 7 + [8, 0, 0]
+    assert res.values["sum_pred"][7] == pytest.approx(6.0) and res.values["sum_label"][5] == 0
     # The transcript of the analyst holds the one release: the curve's table, nothing else.
     released = [e.message for e in study.transcript("analyst") if e.kind == "AggregateShare"]
     assert len(released) == 2 * 2  # join + the table, from each of two aggregators
+
+
+def test_secondary_suppression_rule():
+    from secagg_roc.stats.binning import released_cells
+
+    assert released_cells([0, 3, 6, 8], 5).tolist() == [False, False, False, True]  # 3 + 6 withheld
+    assert released_cells([0, 5, 6, 8], 5).tolist() == [False, True, True, True]  # nothing small
+    assert released_cells([2, 2, 2, 9], 5).tolist() == [False, False, False, True]  # 6 withheld already
+    assert released_cells([1, 2, 1], 5).tolist() == [False, False, False]  # 4 records: nothing
+    assert released_cells([4, 7, 7], 5).tolist() == [False, False, True]  # ties: the lower index first
 
 
 def test_calibration_bins_are_fixed_by_the_policy():
@@ -122,8 +137,8 @@ def test_a_site_with_no_records_in_released_bins_still_contributes():
     # Site b's predictions all fall into a bin that is suppressed (total count < q):
     # its per-bin sums are all zero, and must still have the same layout as a's.
     a = {"y": np.array([0, 1] * 10), "score": np.linspace(0.55, 0.95, 20)}
-    b = {"y": np.array([0, 1, 0]), "score": np.array([0.05, 0.06, 0.07])}
+    b = {"y": np.array([0, 1, 0, 1, 0]), "score": np.array([0.05, 0.06, 0.07, 0.15, 0.25])}
     study = Study.local({"a": a, "b": b}, privacy_level=5)
     curve = calibration_curve(study, label="y", score="score", n_bins=10)
-    assert curve.n_records == 23
+    assert curve.n_records == 25 and curve.n_released_records == 10  # a: two cells of 5; b: none
     assert 0 in [s["bin"] for s in curve.suppressed]

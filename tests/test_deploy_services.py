@@ -50,6 +50,7 @@ SEED = 11
 POLICY = Policy(
     privacy_level=5, min_sites=2, analyses=("glm", "rocglm", "brier", "calibration", "sensitivity"),
     calibration_bins=5, allow_non_private=True,  # allowed by the policy, but no site agent consents (see below)
+    roles={"label": ["y"], "score": ["score"], "covariate": ["age"]},
     dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05, budget_epsilon=0.8, budget_delta=0.4),
 )
 
@@ -175,8 +176,8 @@ def test_a_site_refuses_a_query_its_allowed_queries_exclude(study) -> None:
     assert time.monotonic() - started < study.round_timeout_s / 2  # reported at once, not at the deadline
 
 
-def test_a_site_error_names_the_site(study) -> None:
-    with pytest.raises((SiteQueryError, PolicyError), match="site 'site-a' does not take part.*no array named 'nope'"):
+def test_an_array_outside_its_role_is_refused_by_name(study) -> None:
+    with pytest.raises(PolicyError, match="array 'nope' may not be used as a label"):
         sr.brier_score(study, "nope", "score")
 
 
@@ -509,9 +510,7 @@ def test_site_check_command(cluster, tmp_path: Path, capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert code == 0, out
     assert "site 'site-a' of study 'loopback': 70 records" in out and POLICY.describe() in out
-    assert "'y': can be label, score, covariate, weight" in out  # no roles: what each column can be
-    assert "'age': can be score, covariate, weight; as a score, 70 value(s) lie outside" in out  # a note only
-    assert "not label (label array 'age'" in out and "70 record" in out  # the operator sees counts
+    assert "label 'y': ok" in out and "score 'score': ok" in out and "covariate 'age': ok" in out
     spent = site_ledger(cluster, "site-a").summary()["dp_releases"]
     assert f"dp releases: {spent};" in out and "no problems" in out  # read from the running agent's ledger
 
@@ -529,9 +528,17 @@ def test_site_check_command(cluster, tmp_path: Path, capsys: pytest.CaptureFixtu
     out = capsys.readouterr().out
     assert code == 1, out
     assert "label 'y': " in out and "label 'y': ok" not in out
-    assert "score 'score': 2 score(s) outside the policy's score range [0, 1]" in out
-    assert "records: 4, fewer than q = 5" in out and "problem(s)" in out
+    assert "score 'score': ok (2 score(s) outside the policy's score range [0, 1] will be clipped" in out
+    assert "records: 4, too few to take part in: calibration (5), rocglm (5)" in out and "problem(s)" in out
     assert "1.5" not in out and "-0.1" not in out  # counts, never values
+    # Without roles (and so without DP): what each column can be, with counts for the operator.
+    write_study(dataclasses.replace(config, sites=sites, policy=POLICY.replace(roles=None, dp=None)),
+                tmp_path / "study.toml")
+    code = main(["site", "check", "--study", str(tmp_path / "study.toml"), "--name", "site-b",
+                 "--state", str(tmp_path / "none.sqlite")])
+    out = capsys.readouterr().out
+    assert "'age': can be label, score, covariate, weight" in out
+    assert "not label (label array 'y' holds values other than 0 and 1 (" in out  # the operator sees the count
     code = main(["site", "check", "--study", str(cluster.study_file), "--name", "agg-1"])
     assert code == 2 and "not a site" in capsys.readouterr().err
 

@@ -104,12 +104,13 @@ def test_calibration_curve_bins_right_closed_and_suppresses():
     assert [s["bin"] for s in c.suppressed] == [1, 3, 4]
     manual = (4 * abs(0.125 - 0.5) + 3 * abs((0.55 + 0.6 + 0.6) / 3 - 2 / 3)) / 7
     assert c.ece == pytest.approx(manual)
-    # Per site: the first five records at one site, the rest at another; cells below 3 are left out.
+    # Per site: the first five records at one site, the rest at another. Site 0 holds 4 + 1 records in
+    # bins 0 and 1; withholding only bin 1 would leave 1 record recoverable (5 minus the released 4), so it
+    # withholds bin 0 too. Site 1 likewise withholds its 3 in bin 2 beside its two single records.
     by_site = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3, sites=[0] * 5 + [1] * 5)
-    assert by_site.released.tolist() == [True, False, True, False, False]  # site 0: 4 in bin 0; site 1: 3 in bin 2
-    assert by_site.count[0] == 4 and by_site.count[2] == 3
-    none = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3, sites=[0, 1] * 5)
-    assert not none.released[0]  # bin 0's four records are split 2 + 2
+    assert not by_site.released.any()
+    by_site = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=2, sites=[0] * 5 + [1] * 5)
+    assert by_site.released.tolist() == [False, False, True, False, False] and by_site.count[2] == 3  # site 1: 1 + 1
 
 
 @pytest.mark.parametrize("family, link", [("logit", None), ("probit", sm.families.links.Probit())])

@@ -17,6 +17,7 @@ from secagg_roc.dp.gaussian import analytic_sigma, classic_sigma
 from secagg_roc.ledger import Ledger, LedgerEntry
 
 PAPER = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
+ROLES = {"label": ["y"], "score": ["score"]}
 
 # -- policy -------------------------------------------------------------------------------
 
@@ -63,7 +64,7 @@ def test_roles_and_analyses():
 
 
 def test_dp_requests_may_add_noise_never_remove_it():
-    p = Policy(dp=PAPER)
+    p = Policy(dp=PAPER, roles=ROLES)
     base = p.check_dp(None, None, None, None)
     assert (base.epsilon, base.delta, base.l2_sensitivity, base.mechanism) == (0.3, 0.4, 0.016, "analytic")
     assert base.sigma == pytest.approx(analytic_sigma(0.016, 0.3, 0.4))
@@ -73,11 +74,15 @@ def test_dp_requests_may_add_noise_never_remove_it():
         with pytest.raises(PolicyError, match="policy"):
             p.check_dp(eps, delta, l2, None)
     # A classic policy: the analytic mechanism at the same (epsilon, delta) would add less noise.
-    classic = Policy(dp=DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, mechanism="classic"))
+    classic = Policy(dp=DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, mechanism="classic"), roles=ROLES)
     with pytest.raises(PolicyError, match="less than the policy's least noise"):
         classic.check_dp(None, None, None, "analytic")
     with pytest.raises(PolicyError, match="no differentially private release"):
         Policy().check_dp(None, None, None, None)
+    with pytest.raises(PolicyError, match="must name the arrays that may be labels and scores"):
+        Policy(dp=PAPER)  # the sensitivity holds for particular scores; a release splits them by a label
+    with pytest.raises(PolicyError, match="roles.label and roles.score"):
+        Policy(dp=PAPER, roles={"score": ["score"]})
 
 
 # -- accounting ---------------------------------------------------------------------------
@@ -120,7 +125,8 @@ def test_budget_rules_gaussian_and_basic():
 
 def _ledger(**policy):
     return Ledger(Policy(privacy_level=5, min_sites=2, dp=DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016,
-                                                                  budget_epsilon=0.6, budget_delta=0.6), **policy), "a")
+                                                                  budget_epsilon=0.6, budget_delta=0.6),
+                         roles=ROLES, **policy), "a")
 
 
 def _exact(ledger, sites, records, data="d0", run="r1", step=1):

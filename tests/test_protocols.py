@@ -79,7 +79,8 @@ def test_analysis_messages_are_all_listed(name):
         y = rng.integers(0, 2, n)
         data[f"h{i}"] = {"y": y, "score": np.clip(0.3 * y + 0.7 * rng.random(n), 0, 1)}
         data[f"h{i}"]["x"] = rng.normal(size=n)
-    policy = sr.Policy(dp=sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016), analyses=(
+    policy = sr.Policy(dp=sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016),
+                       roles={"label": ["y"], "score": ["score"], "covariate": ["x"]}, analyses=(
         "rocglm", "brier", "calibration", "glm", "sensitivity"))
     study = sr.Study.local(data, n_aggregators=2, policy=policy, seed=1, transcripts=True)
     sr.roc_glm(study, label="y", score="score")

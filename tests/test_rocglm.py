@@ -23,6 +23,7 @@ TOL = 1e-9
 
 #: The paper's setting: (0.3, 0.4) for an l2-sensitivity of 0.016; a budget for a few releases.
 PAPER_DP = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=3.0, budget_delta=0.9)
+ROLES = {"label": ["y"], "score": ["score"]}
 
 
 def _study(y, s, sizes, seed=0, policy=None, **arrays):
@@ -31,7 +32,7 @@ def _study(y, s, sizes, seed=0, policy=None, **arrays):
         f"site{k}": {"y": y[a:b], "score": s[a:b], **{n: v[a:b] for n, v in arrays.items()}}
         for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))
     }
-    policy = policy or Policy(privacy_level=5, dp=PAPER_DP, allow_non_private=True)
+    policy = policy or Policy(privacy_level=5, dp=PAPER_DP, allow_non_private=True, roles=ROLES)
     return Study.local(data, policy=policy, seed=seed)
 
 

@@ -26,10 +26,11 @@ def _study(bad: dict[str, np.ndarray] | None = None, *, q: int = 5) -> Study:
     data = {"alpha": _good(20, 1), "beta": _good(20, 2)}
     if bad is not None:
         data["gamma"] = {**_good(20, 3), **bad}
-    return Study.local(data, privacy_level=q, seed=0, dp=DP, allow_non_private=True)
+    return Study.local(data, privacy_level=q, seed=0, dp=DP, roles=ROLES, allow_non_private=True)
 
 
 DP = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016)
+ROLES = {"label": ["y"], "score": ["score"], "covariate": ["X"]}
 
 # Every statistics entry point reads labels and scores through the same checks.
 ENTRY_POINTS = {
@@ -105,12 +106,12 @@ def test_scores_outside_the_policy_range_are_clipped_never_refused():
 def test_a_site_below_q_does_not_join_per_site_releases():
     # Secure totals are fine (q applies to totals), but noisy scores leave each site on their own.
     data = {"alpha": _good(20, 1), "beta": _good(20, 2), "tiny": _good(3, 3)}
-    st = Study.local(data, privacy_level=5, seed=0, dp=DP)
+    st = Study.local(data, privacy_level=5, seed=0, dp=DP, roles=ROLES)
     assert brier_score(st, "y", "score") > 0 and brier_score(st, "y", "score").contributors == tuple(data)
-    with pytest.raises(SiteQueryError, match=r"site 'tiny' does not take part.*fewer records than q = 5"):
+    with pytest.raises(SiteQueryError, match=r"site .tiny. does not take part.*fewer records than the 5 this analysis"):
         roc_glm(st, "y", "score")
     # A policy that allows dropouts runs without it, and the result names its sites.
-    lenient = Study.local(data, privacy_level=5, seed=0, dp=DP, allow_dropouts=True)
+    lenient = Study.local(data, privacy_level=5, seed=0, dp=DP, roles=ROLES, allow_dropouts=True)
     got = roc_glm(lenient, "y", "score")
     assert got.contributors == ("alpha", "beta") and got.n_negative + got.n_positive == 40
     assert "Sites: alpha, beta" in repr(got)

@@ -242,12 +242,13 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
         uses = [(role, array) for role in ROLES for array in policy.roles.get(role, ())]
         for role, array in uses:
             found = check(role, array)
+            note = ""
             if not found and role == "score":
                 outside = out_of_range(data, array, lo, hi)
-                if outside:
-                    found = [f"{outside} score(s) outside the policy's score range [{lo:g}, {hi:g}]; "
-                             "they will be clipped to it"]
-            lines.append(f"  {role} {array!r}: " + ("ok" if not found else "; ".join(found)))
+                if outside:  # a note, not a problem: clipping is how the policy's range is kept
+                    note = (f" ({outside} score(s) outside the policy's score range [{lo:g}, {hi:g}] "
+                            "will be clipped to it)")
+            lines.append(f"  {role} {array!r}: " + ("ok" + note if not found else "; ".join(found)))
             problems += [f"{role} {array!r}: {p}" for p in found]
         joint = [p for p in role_problems(data, uses, detail=True) if p not in {q for u in uses for q in check(*u)}]
         for p in joint:
@@ -276,13 +277,12 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
             problem = f"arrays must have one entry per record; lengths differ ({detail})"
             lines.append(f"  {problem}")
             problems.append(problem)
-    per_site = sorted(a for a in policy.analyses if a in PLANS and PLANS[a].per_site)
+    short = sorted(a for a in policy.analyses if a in PLANS and records < PLANS[a].min_records(policy))
     lines.append("")
-    if records < policy.privacy_level:
-        text = f"records: {records}, fewer than q = {policy.privacy_level}"
-        if per_site:
-            text += f": this site takes no part in per-site (DP) releases ({', '.join(per_site)})"
-            problems.append(text)
+    if short:
+        needs = ", ".join(f"{a} ({PLANS[a].min_records(policy)})" for a in short)
+        text = f"records: {records}, too few to take part in: {needs}"
+        problems.append(text)
         lines.append(text)
     else:
         lines.append(f"records: {records} (q = {policy.privacy_level}): enough to take part in every analysis")

@@ -597,7 +597,7 @@ class SiteAgent:
         with self._site_lock:
             try:
                 seeds = {int(j): bytes.fromhex(seed) for j, seed in record["seeds"].items()}
-                shares = self.site.answer(query, seeds=seeds)  # replayed: the ledger holds it already
+                shares = self.site.answer(query, seeds=seeds, replay=True)  # the ledger holds any DP release
                 problem = split_mismatch(record, shares)
             except (SecAggError, ValueError, KeyError, TypeError, IndexError, ArithmeticError) as exc:
                 shares, problem = [], f"re-running the query failed: {type(exc).__name__}"

@@ -89,8 +89,8 @@ class Plan:
     rounds: Callable[[PlanContext, dict[str, Any]], Rounds]
     declare: Callable[[Policy, dict[str, Any]], dict[str, Any]]
     uses: Callable[[dict[str, Any]], list[tuple[str, str]]]
-    #: True if the analysis releases per-site values (DP), so a site needs q records to take part.
-    per_site: bool = False
+    #: The fewest records a site needs to take part (per-site releases need q; a calibration table its cell count).
+    min_records: Callable[[Policy], int] = lambda policy: 0
 
 
 PLANS: dict[str, Plan] = {}
@@ -101,14 +101,14 @@ def plan(
     *,
     declare: Callable[[Policy, dict[str, Any]], dict[str, Any]],
     uses: Callable[[dict[str, Any]], list[tuple[str, str]]],
-    per_site: bool = False,
+    min_records: Callable[[Policy], int] = lambda policy: 0,
 ) -> Callable[[Callable[..., Rounds]], Callable[..., Rounds]]:
     """Register the generator function `rounds(ctx, args)` as the plan of analysis `name`."""
 
     def register(rounds: Callable[..., Rounds]) -> Callable[..., Rounds]:
         if name in PLANS:
             raise ValueError(f"plan {name!r} is registered twice")
-        PLANS[name] = Plan(name, rounds, declare, uses, per_site)
+        PLANS[name] = Plan(name, rounds, declare, uses, min_records)
         return rounds
 
     return register

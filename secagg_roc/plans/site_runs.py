@@ -2,8 +2,8 @@
 
 A site joins a run only if the run's analysis and arguments are allowed by
 its policy and already canonical, the analyst's policy digest is its own, and
-its data pass the analysis's checks (and hold at least q records when the
-analysis releases per-site values). When the join's release arrives (from the
+its data pass the analysis's checks (and hold enough records: q for an
+analysis that releases per-site values, the minimum cell count for a table). When the join's release arrives (from the
 aggregators), the site checks the contributor set against the policy and
 starts its copy of the plan; each later release moves that copy one step on.
 A round is answered only if it is exactly the next step: same query, same
@@ -84,8 +84,9 @@ class SiteRuns:
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
         problems = role_problems(data, plan.uses(canon))
-        if plan.per_site and not problems and data.records() < self.policy.privacy_level:
-            problems.append(f"fewer records than q = {self.policy.privacy_level}; it releases no per-site values")
+        need = plan.min_records(self.policy)
+        if not problems and data.records() < need:
+            problems.append(f"fewer records than the {need} this analysis needs at each site")
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
             raise SiteQueryError(

@@ -5,9 +5,12 @@ policy's equidistant bins, its record count and its sums of predictions and
 labels, and *withholds its own cell* (sends zeros for it) when the cell holds
 fewer than the policy's ``min_cell_count`` records: DataSHIELD's
 ``nfilter.tab`` applied at each site, as the paper's implementation applies q.
-Every released bin total is therefore 0 or at least ``min_cell_count``, and
-no record of a small cell is ever summed, let alone reconstructed. Withholding
-is not a refusal: the analyst cannot tell an empty cell from a withheld one.
+It then withholds further cells until its withheld records are none or at
+least ``min_cell_count`` (`stats.binning.released_cells`): the withheld
+remainder is a cell too, which other releases over the same records would
+let the analyst recover. Every released bin total is therefore 0 or at least
+``min_cell_count``, and so is the remainder. Withholding is not a refusal: the
+analyst cannot tell an empty cell from a withheld one.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ..stats.binning import bin_index
+from ..stats.binning import bin_index, released_cells
 from .common import labels_scores, param
 from .registry import QueryResult, SiteData, site_query
 
@@ -43,7 +46,7 @@ def bin_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
     min_cell = param(site, params, "min_cell", int)
     idx = bin_index(p, n_bins)
     count = np.bincount(idx, minlength=n_bins)
-    keep = count >= min_cell
+    keep = released_cells(count, min_cell)
     sum_pred = np.bincount(idx, weights=p, minlength=n_bins)
     sum_label = np.bincount(idx, weights=y, minlength=n_bins)
     return QueryResult(

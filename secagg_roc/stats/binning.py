@@ -24,3 +24,25 @@ def bin_index(scores, n_bins: int) -> np.ndarray:
     edges = bin_edges(n_bins)
     idx = np.searchsorted(edges, np.asarray(scores, dtype=float), side="left") - 1
     return np.clip(idx, 0, int(n_bins) - 1)
+
+
+def released_cells(counts, min_cell: int) -> np.ndarray:
+    """Which of one site's cells it releases under the minimum cell count (a boolean mask).
+
+    Primary suppression withholds every cell with 1..min_cell-1 records.
+    Secondary suppression then withholds further cells, smallest first, until
+    the withheld records are 0 or at least `min_cell`: the withheld remainder
+    is itself a cell, which other releases over the same records (a total
+    count, a column sum) would let the analyst recover. A site with fewer than
+    `min_cell` records in all releases nothing.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    withheld = (counts > 0) & (counts < min_cell)
+    total = int(counts[withheld].sum())
+    if 0 < total < min_cell:
+        for b in sorted(np.nonzero((counts > 0) & ~withheld)[0], key=lambda b: (counts[b], b)):
+            withheld[b] = True
+            total += int(counts[b])
+            if total >= min_cell:
+                break
+    return (counts > 0) & ~withheld

@@ -6,9 +6,12 @@ A calibration curve releases a table: per bin, a record count and sums of
 predictions and labels. The policy's ``min_cell_count`` (DataSHIELD's
 ``nfilter.tab``) bounds every released cell from below. Each site applies it
 to its own cells and withholds (sends zeros for) any cell with fewer records,
-as the paper's implementation applies q at each site; so every released bin
-total is 0 or at least ``min_cell_count`` and the records of small cells are
-never summed. A rule on the totals would lose fewer bins (3 records in a bin
+as the paper's implementation applies q at each site, and then further cells
+until what it withholds is none or at least ``min_cell_count`` records (the
+remainder is a cell too: the run's total record count minus the released
+counts gives it); a site with fewer records does not take part. So every
+released bin total, and the withheld remainder, is 0 or at least
+``min_cell_count``, and the records of small cells are never summed. A rule on the totals would lose fewer bins (3 records in a bin
 at each of five sites are withheld here), but deciding it needs the totals
 of the small cells first, and releasing those is exactly what the rule
 forbids. The bins themselves are fixed by the policy (``calibration_bins``):
@@ -127,7 +130,7 @@ def _calibration_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]
     return {**out, "n_bins": policy.calibration_bins}
 
 
-@plan("calibration", declare=_calibration_declare, uses=_uses)
+@plan("calibration", declare=_calibration_declare, uses=_uses, min_records=lambda policy: policy.min_cell_count)
 def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, CalibrationCurve]:
     """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site."""
     policy = ctx.policy

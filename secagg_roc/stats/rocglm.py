@@ -196,7 +196,7 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-@plan("rocglm", declare=_rocglm_declare, uses=_rocglm_uses, per_site=True)
+@plan("rocglm", declare=_rocglm_declare, uses=_rocglm_uses, min_records=lambda policy: policy.privacy_level)
 def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocGlmResult]:
     """The ``rocglm`` plan: counts, the per-site DP release, Fisher scoring, DeLong moments."""
     policy = ctx.policy
