@@ -103,7 +103,7 @@ def assemble_curve(
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_pred = np.where(mask, np.asarray(sum_pred, dtype=float) / counts, np.nan)
         observed = np.where(mask, np.asarray(sum_label, dtype=float) / counts, np.nan)
-    reason = f"no site holds {min_cell_count} or more records in this bin"
+    reason = f"withheld or empty (minimum cell count {min_cell_count}, applied at each site)"
     suppressed = [
         {"bin": int(b), "lower": float(edges[b]), "upper": float(edges[b + 1]), "reason": reason}
         for b in np.nonzero(~mask)[0]
