@@ -235,6 +235,14 @@ class Round:
         return {s: self.accepted[s].records for s in contributors if s in self.accepted}
 
 
+def _release_bytes(release: AggregateShare | ForwardedShares | None) -> int:
+    if isinstance(release, AggregateShare):
+        return int(release.vector.nbytes)
+    if isinstance(release, ForwardedShares):
+        return sum(int(s.vector.nbytes) for s in release.shares if s.vector is not None)
+    return 0
+
+
 def _stub(share: InputShare) -> InputShare:
     """The share without its payload: kept after release only for status queries."""
     return InputShare(share.round_id, share.site, share.aggregator, share.encoding, share.records, share.layout, seed=b"")
@@ -260,13 +268,16 @@ class Aggregator:
         *,
         max_open_rounds: int = 64,
         retain_released: int = 8,
+        retain_bytes: int = 256 << 20,
         buffers: BufferPool | None = None,
     ):
         self.study = check_name(study, "study id")
         # Released shares are kept for idempotent re-delivery, but only for the last
         # few rounds: a long study must not hold every aggregate in memory.
         self.retain_released = retain_released
+        self.retain_bytes = retain_bytes
         self._release_order: list[int] = []
+        self._retained_bytes = 0
         # Only a caller that guarantees nobody else keeps share vectors (no transcripts,
         # no wire copies) passes a pool: payloads and old releases are recycled into it.
         self.buffers = buffers
@@ -349,8 +360,13 @@ class Aggregator:
             self.disclosures.record(records)
         if r.round_id.number not in self._release_order:
             self._release_order.append(r.round_id.number)
-            while len(self._release_order) > self.retain_released:
-                self.rounds[self._release_order.pop(0)].forget()
+            self._retained_bytes += _release_bytes(share)
+            # The last few releases are held for re-delivery (and for the sites to fetch), within a byte budget.
+            while len(self._release_order) > 1 and (len(self._release_order) > self.retain_released
+                                                    or self._retained_bytes > self.retain_bytes):
+                old = self.rounds[self._release_order.pop(0)]
+                self._retained_bytes -= _release_bytes(old.released)
+                old.forget()
         return share
 
     def handle(self, message: Message) -> Message:

@@ -311,6 +311,15 @@ def read_ledger(path: str | os.PathLike[str], policy: Policy, site: str) -> Ledg
     return ledger
 
 
+#: Releases up to this many ring elements are fetched as soon as a round is answered.
+EAGER_RELEASE_ELEMENTS = 1 << 16
+
+
+def _small(outputs: list[list[Message]] | None) -> bool:
+    share = outputs[0][0] if outputs and outputs[0] else None
+    return isinstance(share, InputShare) and share.length <= EAGER_RELEASE_ELEMENTS
+
+
 class SiteAgent:
     """Site `name` of a deployed study: follows the feeds, answers, pushes, takes releases in (run by that Site)."""
 
@@ -506,7 +515,9 @@ class SiteAgent:
         # even if it refused it before (it may not have had the query yet, e.g. after a restart).
         assert cached.outputs is not None
         self._push_all(number, cached.outputs, force=source)
-        if cached.kind == "shares" and number not in self.settled:
+        if cached.kind == "shares" and number not in self.settled and _small(cached.outputs):
+            # Small releases are fetched at once, to be ready for the next step; large ones only when the
+            # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
             self._fetch_release(number)
 
     async def _await_previous(self, query: Query) -> None:
@@ -678,7 +689,8 @@ class SiteAgent:
         with self._site_lock:
             if number in self.settled:
                 return
-            self.store.append("release", number, b"".join(pack_frames(shares)))
+            # Not fsync'd: after a power loss a release is fetched again from the aggregators.
+            self.store.append("release", number, b"".join(pack_frames(shares)), durable=False)
             self.settled.add(number)
             try:
                 self.site.receive_release(shares)

@@ -106,6 +106,7 @@ class Store:
             if str(mode).lower() != "wal":
                 raise ConfigError(f"{self.path}: SQLite refused WAL mode (got {mode!r})")
             self._db.execute(f"PRAGMA synchronous={sync}")
+            self.synchronous = sync
             self._db.executescript(_SCHEMA)
             columns = {row[1] for row in self._db.execute("PRAGMA table_info(log)")}
         except sqlite3.DatabaseError as exc:
@@ -143,9 +144,22 @@ class Store:
                     "pass the right --name / database path (never share a database between parties)"
                 )
 
-    def append(self, kind: str, number: int, body: bytes | memoryview, *, party: str = "", at: float | None = None) -> int:
-        """Durably append one entry and return its sequence number (committed when this returns)."""
-        return self.append_many([(kind, number, body)], party=party, at=at)
+    def append(self, kind: str, number: int, body: bytes | memoryview, *, party: str = "", at: float | None = None,
+               durable: bool = True) -> int:
+        """Append one entry and return its sequence number (committed when this returns).
+
+        ``durable=False`` skips the fsync for an entry that can be fetched again
+        if a power loss takes it (a site's copy of a release): it still survives
+        a killed process, and the next durable append makes it durable too."""
+        if durable or self.synchronous != "FULL":
+            return self.append_many([(kind, number, body)], party=party, at=at)
+        with self._lock:
+            self._db.execute("PRAGMA synchronous=NORMAL")
+        try:
+            return self.append_many([(kind, number, body)], party=party, at=at)
+        finally:
+            with self._lock:
+                self._db.execute("PRAGMA synchronous=FULL")
 
     def append_many(
         self, entries: list[tuple[str, int, bytes | memoryview]], *, party: str = "", at: float | None = None
