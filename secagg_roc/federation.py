@@ -12,6 +12,7 @@ bytes and decoded again on delivery, exactly as the network would carry it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 from typing import Any, Callable, Mapping
@@ -134,8 +135,9 @@ class LocalFederation:
             return self._bare_sites[name].share(query, {"value": np.asarray(values[name])}, count)
 
         self._open(query)
-        self._collect(query, sorted(values), answer, keep_refusals=False)
-        shares = self._close(query, self._agree(query))
+        with self._abandoned_on_failure(query):
+            self._collect(query, sorted(values), answer, keep_refusals=False)
+            shares = self._close(query, self._agree(query))
         return combine(shares, self.scheme, self.buffers)["value"]
 
     def run_query(self, sites: Mapping[str, Site], name: str, params: Mapping[str, Any] | None, *,
@@ -165,6 +167,21 @@ class LocalFederation:
     def _run_round(self, query: Query, sites: Mapping[str, Site]) -> list:
         """Analyst opens the round; sites answer (or refuse); aggregators release; releases reach the sites."""
         self._open(query)
+        with self._abandoned_on_failure(query):
+            return self._answer_and_release(query, sites)
+
+    @contextlib.contextmanager
+    def _abandoned_on_failure(self, query: Query):
+        """A round that cannot be released is abandoned at once (deployed, its deadline does it): a failed
+        round holds no open-round slot, and its run has failed."""
+        try:
+            yield
+        except BaseException:
+            for agg in self.aggregators:
+                agg.abandon(query.round_id.number)
+            raise
+
+    def _answer_and_release(self, query: Query, sites: Mapping[str, Site]) -> list:
         params = query.params
         run = params.get("run") if isinstance(params.get("run"), str) else None
         joining = query.name == JOIN

@@ -122,7 +122,9 @@ class AdversarialAnalyst(RuleBasedStateMachine):
     @rule(key=st.sampled_from(["score_range", "min_cell", "n_bins", "beta", "sigma", "center", "label"]),
           value=PARAM_VALUES, bump_step=st.booleans())
     def tamper_with_the_next_step(self, key, value, bump_step):
-        """The plan's next round of the latest crafted run, with one parameter (or its step number) changed."""
+        """A fresh run of a declared analysis, then its first step with one parameter (or its step number) changed."""
+        self.crafted_join(("brier", {"label": "y", "score": "score"}) if value is None else
+                          ("calibration", {"label": "y", "score": "score"}), {})
         run = self.run_ids[-1]
         up = [s for s in SITES if s not in self.down]
         if not up:

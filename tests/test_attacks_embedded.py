@@ -155,8 +155,8 @@ def test_glm_iterates_cannot_be_chosen():
             "center": [0.0], "scale": [1.0]}
     with pytest.raises(PolicyError, match="does not follow the plan"):
         study.aggregate("glm.fisher", step)
-    with pytest.raises(PolicyError, match="step 3"):
-        study.aggregate("glm.fisher", {**step, "step": 3})
+    with pytest.raises(PolicyError, match="run 'g1' has failed: its round .* was abandoned"):
+        study.aggregate("glm.fisher", {**step, "step": 3})  # a refused round ends its run
 
 
 def test_the_analyst_cannot_send_values_to_the_sites():
@@ -289,3 +289,14 @@ def test_a_restored_site_without_consent_takes_no_further_part_in_a_non_private_
     with pytest.raises(PolicyError, match="does not allow the non-private validation mode"):
         site.restore(join, None)
     assert "np1" not in site.runs.runs
+
+
+def test_refused_rounds_are_abandoned_and_never_block_the_study():
+    study = _study()
+    for _ in range(80):  # more than an aggregator's open-round limit (64)
+        with pytest.raises(sr.SecAggError):
+            sr.calibration_curve(study, "y", "score", n_bins=3)
+        with pytest.raises(sr.SecAggError):
+            sr.brier_score(study, "y", "nope")
+    assert [a.open_rounds() for a in study.federation.aggregators] == [0, 0]
+    assert sr.brier_score(study, "y", "score") > 0
