@@ -36,7 +36,7 @@ import numpy as np
 import secagg_roc.stats as sr
 from secagg_roc import DPPolicy, Policy, Study
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.deploy.site_data import load_site_data
 
 
 def plain_sum(vectors: list[np.ndarray]) -> np.ndarray:

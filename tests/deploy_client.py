@@ -6,10 +6,10 @@ import asyncio
 import json
 from typing import Any, Awaitable, Callable
 
-from secagg_roc.deploy.config import StudyConfig
+from secagg_roc.deploy.config_schema import StudyConfig
 from secagg_roc.deploy.http import AggregatorClient
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.site_agent import default_state_path, read_ledger
+from secagg_roc.deploy.site_log import default_state_path, read_ledger
 from secagg_roc.deploy.tls import client_ssl_context
 from secagg_roc.ledger import Ledger
 from secagg_roc.messages import Query, RoundId

@@ -36,7 +36,7 @@ import secagg_roc.stats as sr
 from secagg_roc.analyst import combine
 from secagg_roc.cli import main
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.deploy.store import Store
 from secagg_roc.deploy.tls import AuthError
 from secagg_roc.disclosure import atoms_problem

@@ -16,7 +16,7 @@ import secagg_roc.stats as sr
 from secagg_roc import Study
 from secagg_roc.deploy.http import AggregatorClient
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.errors import PolicyError, PrivacyError, RoundError
 from secagg_roc.messages import CloseRound, Query, RoundId, StatusRequest, decode
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from secagg_roc.deploy.aggregator_service import AggregatorState, parse_refusal
-from secagg_roc.deploy.config import loopback_study
-from secagg_roc.deploy.http import pack_feed, pack_frames, unpack_feed, unpack_frames
+from secagg_roc.deploy.aggregator_state import AggregatorState, parse_refusal
+from secagg_roc.deploy.config_write import loopback_study
+from secagg_roc.deploy.http_protocol import pack_feed, pack_frames, unpack_feed, unpack_frames
 from secagg_roc.errors import MessageError, SecAggError
 from secagg_roc.messages import (
     MAGIC,

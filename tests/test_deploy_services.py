@@ -25,10 +25,11 @@ import secagg_roc.stats as sr
 from secagg_roc import Study
 from secagg_roc.cli import build_parser, main
 from secagg_roc.deploy import pki
-from secagg_roc.deploy.config import loopback_study, write_study
-from secagg_roc.deploy.http import AggregatorClient, RequestTooLarge, TransportError
+from secagg_roc.deploy.config_write import loopback_study, write_study
+from secagg_roc.deploy.http import AggregatorClient
+from secagg_roc.deploy.http_protocol import RequestTooLarge, TransportError
 from secagg_roc.deploy.local_cluster import LocalCluster, write_site_csv
-from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.deploy.tls import AuthError, client_ssl_context
 from secagg_roc.deploy.remote_study import RemoteStudy
 from secagg_roc.errors import ConfigError, MessageError, PolicyError, RoundError, SiteQueryError
@@ -345,7 +346,7 @@ def test_the_bulk_upload_path_checks_the_aggregator_first_and_maps_errors(cluste
     async def twice(c: AggregatorClient):
         first = await c.send(StatusRequest(rid))
         second = await c.send(StatusRequest(rid))
-        return first, second, len(c._bulk_idle)
+        return first, second, c._bulk.idle_count
 
     first, second, idle = call(cluster, "analyst", 0, twice)
     assert first == second and first.released and idle == 1  # one connection, kept alive and reused
@@ -404,7 +405,7 @@ def test_malformed_and_oversized_requests_are_refused_and_change_nothing(cluster
 def _captured(cluster: LocalCluster, site: str, number: int) -> list[InputShare]:
     """The shares `site` sent in join round `number` (what a wiretap would see): re-created from its data,
     the query and the split its database logged (seeds and digests), exactly as a restarted site agent does."""
-    from secagg_roc.deploy.site_agent import split_mismatch
+    from secagg_roc.deploy.site_log import split_mismatch
     from secagg_roc.queries import SiteData
     from secagg_roc.sharing import make_scheme
     from secagg_roc.site import Site

@@ -22,11 +22,11 @@ import pytest
 from secagg_roc import Study
 from secagg_roc.aggregator import RoundState
 from secagg_roc.analyst import agree_contributors, combine, combine_forwarded
-from secagg_roc.deploy.aggregator_service import ABANDON_FACTOR, AggregatorState, parse_refusal, replay
-from secagg_roc.deploy.config import loopback_study
-from secagg_roc.deploy.http import pack_frames
+from secagg_roc.deploy.aggregator_state import ABANDON_FACTOR, AggregatorState, parse_refusal, replay
+from secagg_roc.deploy.config_write import loopback_study
+from secagg_roc.deploy.http_protocol import pack_frames
 from secagg_roc.deploy.local_cluster import write_site_csv
-from secagg_roc.deploy.site_agent import load_site_data
+from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.deploy.store import Store
 from secagg_roc.errors import ConfigError, MessageError, PolicyError, PrivacyError, RoundError, SiteQueryError
 from secagg_roc.ledger import Ledger
@@ -674,7 +674,7 @@ def test_side_files_orphans_damage_and_schema_upgrade(tmp_path: Path, monkeypatc
 
 def test_a_refusal_never_quotes_data_from_an_unexpected_error() -> None:
     """Run by the site agent: an unexpected error's text stays local; our own errors keep their words."""
-    from secagg_roc.deploy.site_agent import _refusal_of
+    from secagg_roc.deploy.site_answers import _refusal_of
     from secagg_roc.errors import EncodingError, SiteQueryError
     from secagg_roc.messages import Query, RoundId
 

@@ -19,7 +19,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from secagg_roc.deploy.cli_keys import add_keys_parser, main, run_keys
-from secagg_roc.deploy.config import StudyConfig, loopback_study, write_study
+from secagg_roc.deploy.config_schema import StudyConfig
+from secagg_roc.deploy.config_write import loopback_study, write_study
 from secagg_roc.deploy.pki import (
     IssuedKeys,
     PartyIdentity,

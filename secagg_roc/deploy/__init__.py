@@ -1,10 +1,25 @@
 """Deploying a study as separate processes: the study file, keys, and mutual TLS.
 
-- `config`: the study file (TOML) read into validated, frozen dataclasses, and written back.
+- `config`: the study file (TOML) read into validated, frozen dataclasses, and written back;
+  it documents the format and gathers the public names of its parts:
+  `config_schema` (party names, `StudyConfig`), `config_table` (typed reading of one TOML
+  table), `config_policy` (the ``[policy]`` table), `config_read` (`load_study`,
+  `parse_study`) and `config_write` (`write_study`, `loopback_study`).
 - `pki`: the study CA and each party's key and certificate; a certificate's identity.
 - `tls`: TLS 1.3 contexts with client certificates both ways; checking the peer.
+- `http_protocol`: the HTTPS protocol between parties: endpoints, framing, errors as statuses.
+- `http`: `AggregatorClient`, the client side of that protocol, and `retry`;
+  `http_bulk`: its bulk path (large bodies over a blocking socket in a worker thread).
 - `cli_keys`: the ``secagg-roc keys`` subcommand.
-- `aggregator_service`, `site_agent`: the aggregator (HTTPS, aiohttp) and site-agent processes.
+- `cli_services`: the ``secagg-roc aggregator``, ``site`` and ``analyze`` subcommands;
+  `site_check`: ``secagg-roc site check``.
+- `aggregator_state`: what an aggregator holds (no I/O), and the replay of its log.
+- `aggregator_service`: the aggregator process (HTTPS, aiohttp) around that state.
+- `site_data`: a site's records from its CSV or ``.npz`` file.
+- `site_log`: what a site agent logs (split records, ledger entries) and reading it back.
+- `site_answers`: a site's answers, computed once and logged before they are sent.
+- `site_agent`: the site-agent process (outbound connections only) on top of them.
+- `party_process`: stopping a party process on a signal or EOF, announcing readiness.
 - `remote_study`: `RemoteStudy`, the analyst's `Study` over the network.
 - `store`: the SQLite log that makes every party survive a restart.
 - `local_cluster`: `LocalCluster`, a whole study as processes on 127.0.0.1 (tests, demo, benchmarks).

@@ -12,7 +12,7 @@ import sys
 from typing import Any, Sequence
 
 from ..errors import ConfigError
-from .config import load_study
+from .config_read import load_study
 from .pki import create_study_keys
 
 __all__ = ["add_keys_parser", "run_keys", "main"]

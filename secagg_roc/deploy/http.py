@@ -1,37 +1,8 @@
-"""The HTTPS protocol between parties: endpoints, framing, errors, and the client.
+"""The HTTPS client of the protocol between parties: `AggregatorClient`, and `retry`.
 
-Endpoints of an aggregator (all over mutual TLS 1.3; who may call each is
-checked from the peer's certificate on every request)::
-
-    POST /v1/message     one encoded message; reply one encoded message
-                         analyst: Query -> RoundStatus, StatusRequest -> RoundStatus,
-                                  CloseRound -> AggregateShare (a secure-sum round) or
-                                                ForwardedShares (a per-site DP round)
-                         site:    InputShare -> RoundStatus (names the submitter only)
-    POST /v1/status      analyst; body StatusRequest; ?wait=SECONDS long-polls until every
-                         site the round expects (all sites for a run's join, the run's
-                         contributors for its later rounds) has answered or refused it;
-                         reply frames: RoundStatus, then one ErrorReply per refusing site
-    POST /v1/release     site; body StatusRequest; ?wait=SECONDS long-polls until the round is
-                         released; reply frames: none (not released, or not opened here, yet)
-                         or this aggregator's AggregateShare / ForwardedShares of it. Only a
-                         site in the round's contributor set gets it (PolicyError, 403, for
-                         any other site; RoundError, 409, once the round was abandoned or its
-                         share is no longer held: the last RETAIN_RELEASED releases are)
-    POST /v1/refusal     site; body frames: StatusRequest (the round), ErrorReply (why); reply 204
-    GET  /v1/feed        site; ?since=SEQ&wait=SECONDS; reply feed: the open rounds after SEQ
-                         this site has not answered (a run's join to every site, its later
-                         rounds only to the run's contributors); long-polls when there are none
-    GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number,
-                         open_rounds, policy (the digest of the [policy] it enforces)
-
-Errors are an `ErrorReply` message (binary) with the HTTP status of its class
-(`status_for`); `raise_for_reply` turns it back into the same exception class
-with the same text on the client. A `PolicyError` (a request outside the
-study's policy, a run's plan or a site's ledger, or a release asked by a site
-that is not a contributor) is 403: the request is forbidden as such, and
-sending it again cannot succeed; other `PrivacyError`s and `RoundError`s are
-409 (the round's state forbids it).
+Run by Sites and the Analyst (and tests) to talk to one aggregator each. The
+protocol itself (endpoints, framing, error classes and their HTTP statuses)
+is `http_protocol`; its names are importable from here as well.
 
 The client (`AggregatorClient`) is a small HTTP/1.1 client over asyncio
 streams rather than aiohttp's: it checks the aggregator's identity (study,
@@ -40,29 +11,38 @@ is written. All loopback aggregators share the host-name SAN 127.0.0.1, so
 without that check a share meant for ``agg-2`` could be handed to ``agg-1``.
 
 Bulk requests (a body of at least `BULK_BYTES`, e.g. a site's share vector)
-go instead over a blocking `ssl` socket (`http.client`) in a worker thread:
-asyncio's SSL transport costs about three times the CPU of a blocking socket
-per byte. Same study CA, same client certificate, same identity check before
-any byte of the request, same error classes; the event loop keeps serving
-meanwhile.
+go instead over a blocking `ssl` socket in a worker thread (`http_bulk`), with
+the same identity check and the same error classes.
 """
 
 from __future__ import annotations
 
 import asyncio
-import http.client
 import json
-import socket
 import ssl
-import struct
-import threading
-from dataclasses import dataclass
-from typing import Any, Iterable, NoReturn, Sequence
+from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
-from .. import errors
-from ..errors import MessageError, SecAggError
 from ..messages import ErrorReply, Message, decode
-from .config import AggregatorConfig
+from .config_schema import AggregatorConfig
+from .http_bulk import BulkConnections, is_tls_alert
+from .http_protocol import (
+    FEED_TYPE,
+    FRAMES_TYPE,
+    MESSAGE_TYPE,
+    FeedEntry,
+    RequestTooLarge,
+    Response,
+    ServiceError,
+    TransportError,
+    error_reply,
+    pack_feed,
+    pack_frames,
+    raise_for_reply,
+    status_for,
+    unpack_feed,
+    unpack_frames,
+)
+from .http_protocol import ERROR_CLASSES, exception_for  # noqa: F401  (importable from here too)
 from .tls import AuthError, authorize, peer_identity
 
 __all__ = [
@@ -84,179 +64,15 @@ __all__ = [
     "BULK_BYTES",
 ]
 
-MESSAGE_TYPE = "application/x-secagg-message"
-FRAMES_TYPE = "application/x-secagg-frames"
-FEED_TYPE = "application/x-secagg-feed"
-
-_U32 = struct.Struct("<I")
-_U64 = struct.Struct("<Q")
+_T = TypeVar("_T")
 
 #: Request bodies at least this large go over a blocking TLS socket in a worker thread.
 BULK_BYTES = 1 << 20
 
 
-class ServiceError(SecAggError):
-    """A party answered with an error this client does not map to a library class (e.g. 5xx)."""
-
-    def __init__(self, text: str, status: int = 500):
-        super().__init__(text)
-        self.status = status
-
-
-class TransportError(SecAggError, ConnectionError):
-    """The aggregator could not be reached or the connection broke: worth retrying."""
-
-
-class RequestTooLarge(MessageError):
-    """A request body was larger than the study's ``max_body_bytes``."""
-
-
-# --------------------------------------------------------------------------- errors <-> statuses
-
-#: Error classes a reply may name, by `ErrorReply.code`. Anything else becomes `ServiceError`.
-ERROR_CLASSES: dict[str, type[Exception]] = {
-    cls.__name__: cls
-    for cls in (
-        errors.MessageError,
-        errors.RoundError,
-        errors.PrivacyError,
-        errors.PolicyError,
-        errors.SiteQueryError,
-        errors.EncodingError,
-        errors.CombineError,
-        errors.ConfigError,
-        AuthError,
-        RequestTooLarge,
-    )
-}
-
-# Order matters: subclasses before their bases.
-_STATUSES: tuple[tuple[type[Exception], int], ...] = (
-    (RequestTooLarge, 413),
-    (AuthError, 403),
-    (errors.PolicyError, 403),  # outside the policy, the plan or the ledger: forbidden as such
-    (errors.PrivacyError, 409),  # the round's state (too few sites/records, released) forbids it
-    (errors.RoundError, 409),
-    (errors.MessageError, 400),
-    (errors.SiteQueryError, 400),
-    (errors.EncodingError, 400),
-    (errors.ConfigError, 400),
-)
-
-
-def status_for(exc: BaseException) -> int:
-    """The HTTP status for an error raised while handling a request."""
-    for cls, status in _STATUSES:
-        if isinstance(exc, cls):
-            return status
-    return 500
-
-
-def error_reply(exc: BaseException) -> ErrorReply:
-    """The `ErrorReply` carrying `exc`'s class name and text."""
-    code = type(exc).__name__ if type(exc).__name__ in ERROR_CLASSES else "ServiceError"
-    return ErrorReply(code, str(exc) or code)
-
-
-def exception_for(reply: ErrorReply, status: int = 500) -> Exception:
-    """The exception an `ErrorReply` stands for: the same class, with the same text."""
-    cls = ERROR_CLASSES.get(reply.code)
-    if cls is None:
-        return ServiceError(reply.text, status)
-    return cls(reply.text)
-
-
-def raise_for_reply(status: int, body: bytes, who: str) -> NoReturn:
-    """Raise the error a non-2xx response carries (`who` names the party for undecodable bodies)."""
-    try:
-        reply = decode(body)
-    except MessageError:
-        reply = None
-    if isinstance(reply, ErrorReply):
-        raise exception_for(reply, status)
-    text = bytes(body[:200]).decode("utf-8", "replace")
-    raise ServiceError(f"{who} answered HTTP {status} without an error message: {text!r}", status)
-
-
-# --------------------------------------------------------------------------- framing
-
-
-def pack_frames(messages: Iterable[Message | bytes]) -> list[Any]:
-    """Several messages as buffers: each is u32 length + its encoding."""
-    out: list[Any] = []
-    for m in messages:
-        bufs = m.to_buffers() if isinstance(m, Message) else [m]
-        out.append(_U32.pack(sum(len(memoryview(b).cast("B")) for b in bufs)))
-        out.extend(bufs)
-    return out
-
-
-def unpack_frames(data: bytes | memoryview, *, limit: int = 1 << 16) -> list[Message]:
-    """Inverse of `pack_frames`; `MessageError` for anything malformed."""
-    view = memoryview(data).cast("B")
-    pos, out = 0, []
-    while pos < len(view):
-        if len(out) >= limit:
-            raise MessageError(f"more than {limit} frames")
-        if pos + 4 > len(view):
-            raise MessageError("frame length truncated")
-        (n,) = _U32.unpack(view[pos : pos + 4])
-        pos += 4
-        if pos + n > len(view):
-            raise MessageError(f"frame of {n} bytes truncated")
-        out.append(decode(view[pos : pos + n]))
-        pos += n
-    return out
-
-
-@dataclass(frozen=True)
-class FeedEntry:
-    """One entry of an aggregator's feed to the sites: a `Query` and its round number."""
-
-    number: int
-    message: Message
-
-
-def pack_feed(next_since: int, entries: Sequence[tuple[int, bytes]]) -> list[Any]:
-    """A feed reply: u64 cursor to pass as ``since`` next time, then (u64 number, frame) entries."""
-    out: list[Any] = [_U64.pack(next_since)]
-    for number, body in entries:
-        out.append(_U64.pack(number) + _U32.pack(len(body)))
-        out.append(body)
-    return out
-
-
-def unpack_feed(data: bytes | memoryview) -> tuple[int, list[FeedEntry]]:
-    """Inverse of `pack_feed`; `MessageError` for anything malformed."""
-    view = memoryview(data).cast("B")
-    if len(view) < 8:
-        raise MessageError("feed reply truncated")
-    (next_since,) = _U64.unpack(view[:8])
-    pos, out = 8, []
-    while pos < len(view):
-        if pos + 12 > len(view):
-            raise MessageError("feed entry header truncated")
-        (number,) = _U64.unpack(view[pos : pos + 8])
-        (n,) = _U32.unpack(view[pos + 8 : pos + 12])
-        pos += 12
-        if pos + n > len(view):
-            raise MessageError("feed entry truncated")
-        out.append(FeedEntry(number, decode(view[pos : pos + n])))
-        pos += n
-    return next_since, out
-
-
-# --------------------------------------------------------------------------- client
-
-
-@dataclass(frozen=True)
-class Response:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-
 class _Connection:
+    """One kept-alive asyncio TLS stream to the aggregator."""
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         self.reader = reader
         self.writer = writer
@@ -266,37 +82,6 @@ class _Connection:
 
     def close(self) -> None:
         self.writer.close()
-
-
-class _BlockingConnection(http.client.HTTPSConnection):
-    """A blocking HTTPS connection that checks whose it is before it is used (see `AggregatorClient`)."""
-
-    def __init__(self, client: "AggregatorClient", timeout: float):
-        cfg = client.config
-        super().__init__(cfg.host, cfg.port, timeout=timeout, context=client.ssl_context)
-        self.client = client
-
-    def connect(self) -> None:
-        # TCP, then the TLS handshake (certificate and host name checked by the context), then the
-        # aggregator's study, role and name from its certificate, before a byte of a request.
-        sock = socket.create_connection((self.host, self.port), self.timeout)
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
-        except BaseException:
-            sock.close()
-            raise
-        c = self.client
-        try:
-            authorize(peer_identity(self.sock), c.study_id, {"aggregator"}, {c.name})
-        except AuthError as exc:
-            self.close()
-            raise AuthError(f"the server at {c.config.url} is not aggregator {c.name!r}: {exc}") from None
-
-
-def _is_alert(exc: BaseException) -> bool:
-    # A TLS alert from the server (e.g. it refused our certificate) is an auth failure, not a glitch.
-    return isinstance(exc, ssl.SSLError) and "ALERT" in str(getattr(exc, "reason", "") or exc).upper()
 
 
 class AggregatorClient:
@@ -326,9 +111,8 @@ class AggregatorClient:
         self.connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
         # Blocking connections for bulk requests (used from worker threads).
-        self._bulk_lock = threading.Lock()
-        self._bulk_idle: list[_BlockingConnection] = []
-        self._bulk_busy: set[_BlockingConnection] = set()
+        self._bulk = BulkConnections(config, study_id, ssl_context, max_response_bytes=max_response_bytes,
+                                     connect_timeout=connect_timeout)
 
     def __repr__(self) -> str:
         return f"AggregatorClient({self.name!r}, {self.config.url})"
@@ -387,7 +171,7 @@ class AggregatorClient:
                 return await asyncio.wait_for(self._exchange(conn, head, bufs), timeout)
             except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
                 conn.close()
-                if _is_alert(exc):
+                if is_tls_alert(exc):
                     raise AuthError(f"aggregator {self.name!r} refused this party's certificate: {exc}") from None
                 if reused and attempt == 0 and not isinstance(exc, asyncio.TimeoutError):
                     continue  # the server closed an idle keep-alive connection: try a fresh one
@@ -409,59 +193,7 @@ class AggregatorClient:
     ) -> Response:
         """Like `request`, over a blocking TLS socket in a worker thread (for large bodies)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._blocking_request, method, path, list(body), content_type, timeout)
-
-    def _blocking_request(self, method: str, path: str, bufs: list[Any], content_type: str, timeout: float) -> Response:
-        """Run in a worker thread: one request on a (kept-alive) blocking connection."""
-        length = sum(len(memoryview(b).cast("B")) for b in bufs)
-        headers = {"Content-Length": str(length), "Content-Type": content_type, "Connection": "keep-alive"}
-        for attempt in range(2):
-            with self._bulk_lock:
-                conn = self._bulk_idle.pop() if attempt == 0 and self._bulk_idle else None
-                reused = conn is not None
-                if conn is None:
-                    conn = _BlockingConnection(self, min(timeout, self.connect_timeout))
-                self._bulk_busy.add(conn)
-            try:
-                if not reused:
-                    conn.connect()  # fails before any byte of the request if it is not the right aggregator
-                conn.sock.settimeout(timeout)
-                conn.request(method, path, body=bufs, headers=headers)
-                resp = conn.getresponse()
-                if resp.length is not None and resp.length > self.max_response_bytes:
-                    raise ConnectionError(f"response of {resp.length} bytes exceeds the limit {self.max_response_bytes}")
-                data = resp.read(self.max_response_bytes + 1)
-                if len(data) > self.max_response_bytes:
-                    raise ConnectionError("response exceeds the limit")
-                result = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
-                keep = not resp.will_close
-            except ssl.SSLCertVerificationError as exc:
-                conn.close()
-                raise AuthError(f"aggregator {self.name!r} at {self.config.url}: certificate not accepted: {exc}") from None
-            except AuthError:
-                conn.close()
-                raise
-            except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
-                conn.close()
-                if _is_alert(exc):
-                    raise AuthError(f"aggregator {self.name!r} refused this party's certificate: {exc}") from None
-                if reused and attempt == 0 and not isinstance(exc, TimeoutError):
-                    continue  # the server closed an idle keep-alive connection: try a fresh one
-                what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {exc or type(exc).__name__}"
-                raise TransportError(f"{method} {path} to aggregator {self.name!r} {what}") from None
-            except BaseException:
-                conn.close()
-                raise
-            finally:
-                with self._bulk_lock:
-                    self._bulk_busy.discard(conn)
-            if keep:
-                with self._bulk_lock:
-                    self._bulk_idle.append(conn)
-            else:
-                conn.close()
-            return result
-        raise AssertionError("unreachable")
+        return await loop.run_in_executor(None, self._bulk.request, method, path, list(body), content_type, timeout)
 
     async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any]) -> Response:
         conn.writer.write(head)
@@ -575,18 +307,7 @@ class AggregatorClient:
 
     async def close(self) -> None:
         """Close idle connections, and shut down bulk connections in use (their requests fail)."""
-        with self._bulk_lock:
-            idle, busy = list(self._bulk_idle), list(self._bulk_busy)
-            self._bulk_idle.clear()
-        for b in idle:
-            b.close()
-        for b in busy:  # the worker thread that uses it sees an error and closes it
-            sock = b.sock
-            if sock is not None:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+        self._bulk.close()
         while self._idle:
             conn = self._idle.pop()
             conn.close()
@@ -596,7 +317,8 @@ class AggregatorClient:
                 pass
 
 
-async def retry(call, *, deadline: float, what: str, first_delay: float = 0.05, max_delay: float = 1.0):
+async def retry(call: Callable[[], Awaitable[_T]], *, deadline: float, what: str, first_delay: float = 0.05,
+                max_delay: float = 1.0) -> _T:
     """Await `call()` until it succeeds, retrying `TransportError` with backoff until `deadline`.
 
     Only transport failures are retried: an error reply (refusal) is final.

@@ -24,8 +24,10 @@ import numpy as np
 
 from ..errors import ConfigError
 from ..policy import Policy
-from .config import StudyConfig, loopback_study, study_to_dict, write_study
-from .http import AggregatorClient, TransportError
+from .config_schema import StudyConfig
+from .config_write import loopback_study, study_to_dict, write_study
+from .http import AggregatorClient
+from .http_protocol import TransportError
 from .pki import create_study_keys
 from .remote_study import RemoteStudy
 from .tls import client_ssl_context

@@ -33,7 +33,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from ..errors import ConfigError
-from .config import NAME_PATTERN, ROLES, StudyConfig, is_loopback_host, load_study
+from .config_read import load_study
+from .config_schema import NAME_PATTERN, ROLES, StudyConfig, is_loopback_host
 
 __all__ = [
     "URI_SCHEME",

@@ -61,9 +61,11 @@ from ..queries import canonical_params, lookup, query_digest
 from ..queries.run import JOIN
 from ..sharing import make_scheme
 from ..study import Study, Totals
-from .aggregator_service import SCHEME
-from .config import AnalystConfig, StudyConfig, load_study
-from .http import AggregatorClient, ServiceError, exception_for, retry
+from .aggregator_state import SCHEME
+from .config_read import load_study
+from .config_schema import AnalystConfig, StudyConfig
+from .http import AggregatorClient, retry
+from .http_protocol import ServiceError, exception_for
 from .tls import client_ssl_context
 
 __all__ = ["RemoteStudy"]

@@ -1,0 +1,113 @@
+"""``secagg-roc site check``: a site's data against the study's policy, checked locally.
+
+Run by a Site's operator before the site joins a study (and at any time
+after): it reads the site's data file and its agent's ledger, prints what
+would stop a run, and sends nothing anywhere. Wired into the CLI by
+`cli_services`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["site_check"]
+
+
+def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -> tuple[str, bool]:
+    """Run by a Site's operator: its data against the study's policy; (report text, True when nothing to fix).
+
+    For the policy's roles (or, with no roles, every column in every role)
+    what `queries.checks.role_problems` finds; how many scores lie outside
+    the policy's score range (clipped in every analysis); the record count
+    against q (a site with fewer takes no part in per-site DP releases); and
+    what the site's ledger has released so far. Local only: nothing leaves the site.
+    """
+    # Imported here, not at the top: the CLI imports this module when it starts, for every command.
+    import numpy as np
+
+    from ..plans import PLANS
+    from ..policy import ROLES
+    from ..queries import SiteData
+    from ..queries.checks import out_of_range, role_problems
+    from .config_read import load_study
+    from .config_schema import SiteConfig
+    from .site_data import load_site_data
+    from .site_log import default_state_path, read_ledger
+
+    config = study if not isinstance(study, (str, Path)) else load_study(study)
+    party = config.party(name)
+    if not isinstance(party, SiteConfig):
+        raise ConfigError(f"{name!r} is a {party.role} of study {config.study_id!r}, not a site")
+    policy = config.policy
+    data = SiteData(name, load_site_data(party.data, party.columns))
+    records = data.records()
+    lo, hi = policy.score_range
+    lines = [
+        f"site {name!r} of study {config.study_id!r}: {records} records from {party.data}",
+        f"policy {policy.digest()[:12]}: {policy.describe()}",
+        f"analyses allowed: {', '.join(policy.analyses)}",
+        "",
+    ]
+    problems: list[str] = []
+
+    def check(role: str, array: str) -> list[str]:
+        return role_problems(data, [(role, array)], detail=True)  # counts: for the operator, never the analyst
+
+    if policy.roles is not None:
+        lines.append("arrays in the roles the policy allows:")
+        uses = [(role, array) for role in ROLES for array in policy.roles.get(role, ())]
+        for role, array in uses:
+            found = check(role, array)
+            note = ""
+            if not found and role == "score":
+                outside = out_of_range(data, array, lo, hi)
+                if outside:  # a note, not a problem: clipping is how the policy's range is kept
+                    note = (f" ({outside} score(s) outside the policy's score range [{lo:g}, {hi:g}] "
+                            "will be clipped to it)")
+            lines.append(f"  {role} {array!r}: " + ("ok" + note if not found else "; ".join(found)))
+            problems += [f"{role} {array!r}: {p}" for p in found]
+        joint = [p for p in role_problems(data, uses, detail=True) if p not in {q for u in uses for q in check(*u)}]
+        for p in joint:
+            lines.append(f"  {p}")
+        problems += joint
+    else:
+        lines.append("the policy declares no roles: every array may play any role; what each can be:")
+        lengths = {}
+        for array in data.arrays:
+            usable, why = [], []
+            for role in ROLES:
+                found = check(role, array)
+                (why.append(f"not {role} ({'; '.join(found)})") if found else usable.append(role))
+            text = f"can be {', '.join(usable)}" if usable else "can play no role"
+            if "score" in usable:
+                outside = out_of_range(data, array, lo, hi)
+                if outside:
+                    text += (f"; as a score, {outside} value(s) lie outside the policy's score range "
+                             f"[{lo:g}, {hi:g}] and would be clipped")
+            lines.append(f"  {array!r}: {text}" + (f"; {'; '.join(why)}" if why and usable else ""))
+            if not usable:
+                problems.append(f"{array!r} can play no role: {'; '.join(why)}")
+            lengths[array] = int(np.asarray(data.arrays[array]).shape[0]) if np.ndim(data.arrays[array]) else 1
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{n}: {k}" for n, k in sorted(lengths.items()))
+            problem = f"arrays must have one entry per record; lengths differ ({detail})"
+            lines.append(f"  {problem}")
+            problems.append(problem)
+    short = sorted(a for a in policy.analyses if a in PLANS and records < PLANS[a].min_records(policy))
+    lines.append("")
+    if short:
+        needs = ", ".join(f"{a} ({PLANS[a].min_records(policy)})" for a in short)
+        text = f"records: {records}, too few to take part in: {needs}"
+        problems.append(text)
+        lines.append(text)
+    else:
+        lines.append(f"records: {records} (q = {policy.privacy_level}): enough to take part in every analysis")
+    path = Path(state_path) if state_path is not None else default_state_path(config, name)
+    if path.exists():
+        summary = read_ledger(path, policy, name).summary()
+        lines.append(f"ledger ({path}): " + "; ".join(f"{k.replace('_', ' ')}: {v}" for k, v in summary.items()))
+    lines += ["", f"{len(problems)} problem(s)" if problems else "no problems: the site is ready"]
+    return "\n".join(lines), not problems

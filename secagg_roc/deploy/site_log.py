@@ -1,0 +1,139 @@
+"""What a site agent logs, and reading it back: split records, ledger entries, where the log is.
+
+Run by each Site. Its agent (`site_answers.SiteAnswers`) logs every answer
+before anything is sent, in its own `store.Store` (``state/<site>.sqlite`` by
+default, `default_state_path`). Log entry kinds (every body is bytes):
+``query`` (the encoded `Query` of an answered round), ``ledger:exact`` /
+``ledger:noisy`` (a `LedgerEntry` body), ``answer`` (the split record, JSON),
+``rng`` (the noise generator's state after the answer, JSON; only when it
+changed), ``refusal`` (frames: StatusRequest, ErrorReply) and ``release``
+(frames: every aggregator's AggregateShare or ForwardedShares of the round).
+
+An answer is logged as its split, not its share vectors (`split_record`): a
+few hundred bytes of seeds and digests, enough to re-create the identical
+shares from the same data after a restart and to check that they are
+identical (`split_mismatch`). ``secagg-roc site check`` reads the site's
+ledger from the log (`read_ledger`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..ledger import Ledger, LedgerEntry
+from ..messages import InputShare, RoundId
+from ..policy import Policy
+from .config_schema import StudyConfig
+
+__all__ = [
+    "LEDGER_PREFIX",
+    "SPLIT_FORMAT",
+    "default_state_path",
+    "read_ledger",
+    "split_record",
+    "split_mismatch",
+    "split_round",
+]
+
+
+#: Log kinds of ledger entries: ``ledger:<LedgerEntry.kind>``.
+LEDGER_PREFIX = "ledger:"
+
+
+def default_state_path(config: StudyConfig, site: str) -> Path:
+    """Where a site agent keeps its log by default: ``state/<site>.sqlite`` next to the study file."""
+    base = config.source.parent if config.source is not None else Path.cwd()
+    return base / "state" / f"{site}.sqlite"
+
+
+def read_ledger(path: str | os.PathLike[str], policy: Policy, site: str) -> Ledger:
+    """Site `site`'s ledger as its agent's database records it (read-only; safe while the agent runs)."""
+    ledger = Ledger(policy, site)
+    path = Path(path)
+    if not path.exists():
+        return ledger
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT kind, body FROM log WHERE kind LIKE 'ledger:%' ORDER BY seq").fetchall()
+    for kind, body in rows:
+        ledger.apply(LedgerEntry(kind[len(LEDGER_PREFIX):], bytes(body)))
+    return ledger
+
+
+#: Format tag of a logged answer (its split, not its vectors).
+SPLIT_FORMAT = "split-v1"
+
+
+def _share_meta_digest(shares: list[InputShare]) -> str:
+    """SHA-256 of what every share of one split carries besides its payload: round, site,
+    encoding, record count and layout (one digest: all shares of a split carry the same)."""
+    metas = {
+        json.dumps(
+            [s.round_id.study, s.round_id.number, s.round_id.query.hex(), s.site, s.encoding.frac_bits,
+             bool(s.encoding.integer), int(s.records), [[n, list(shape), bool(i)] for n, shape, i in s.layout]]
+            + (["raw"] if s.encoding.raw else []),
+            separators=(",", ":"),
+        )
+        for s in shares
+    }
+    if len(metas) != 1:
+        raise ValueError("the shares of one split disagree on their round, site, encoding, records or layout")
+    return hashlib.sha256(metas.pop().encode()).hexdigest()
+
+
+def _vector_digest(vector: np.ndarray) -> str:
+    return hashlib.sha256(memoryview(np.ascontiguousarray(vector, dtype=np.uint64)).cast("B")).hexdigest()
+
+
+def split_record(shares: list[InputShare]) -> dict[str, Any]:
+    """What a site agent logs for an answer (SECRET: the seeds), as a JSON-able dict.
+
+    Enough to re-create the identical shares from the same data
+    (`Site.answer(query, seeds=...)`) and to check that they are identical:
+    the round, the holder (the one aggregator that gets a vector), each other
+    aggregator's seed, and SHA-256 digests of the holder's correction vector
+    and of the shares' public metadata.
+    """
+    holders = [s for s in shares if s.vector is not None]
+    if len(holders) != 1 or any(s.seed is None for s in shares if s.vector is None):
+        raise ValueError("a split is one vector share (the holder's) and seed shares for every other aggregator")
+    holder = holders[0]
+    rid = holder.round_id
+    return {
+        "format": SPLIT_FORMAT,
+        "round": [rid.study, rid.number, rid.query.hex()],
+        "holder": int(holder.aggregator),
+        "seeds": {str(s.aggregator): s.seed.hex() for s in shares if s.seed is not None},
+        "correction_sha256": _vector_digest(holder.vector),
+        "meta_sha256": _share_meta_digest(shares),
+    }
+
+
+def split_mismatch(record: Mapping[str, Any], shares: list[InputShare]) -> str | None:
+    """Why `shares` are not the split `record` describes, or None when they are identical."""
+    try:
+        again = split_record(shares)
+    except ValueError as exc:
+        return str(exc)
+    for key, what in (
+        ("round", "round"),
+        ("holder", "holder aggregator (did the study's site list change?)"),
+        ("seeds", "seeds"),
+        ("meta_sha256", "layout, encoding or record count"),
+        ("correction_sha256", "share vector"),
+    ):
+        if again[key] != record.get(key):
+            return f"the shares re-created from its data with the logged seeds differ in their {what}"
+    return None
+
+
+def split_round(record: Mapping[str, Any]) -> RoundId:
+    """The round a split record (`split_record`) answers."""
+    study, number, query = record["round"]
+    return RoundId(str(study), int(number), bytes.fromhex(query))
