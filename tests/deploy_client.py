@@ -53,3 +53,19 @@ def call_as(cluster: LocalCluster, party: str, aggregator: int, fn: Callable[[Ag
             await client.close()
 
     return asyncio.run(go())
+
+
+class After:
+    """Wrap a study's `aggregate` to run `action` once, right after the round of step `step` of a run returns."""
+
+    def __init__(self, study, step: int, action: Callable[[], None]):
+        self.study, self.step, self.action, self.done = study, step, action, False
+        self.inner = study.aggregate
+        study.aggregate = self
+
+    def __call__(self, query, params=None, **kw):
+        totals = self.inner(query, params, **kw)
+        if not self.done and (params or {}).get("step") == self.step:
+            self.done = True
+            self.action()
+        return totals

@@ -57,7 +57,7 @@ from secagg_roc.queries import QUERIES
 from secagg_roc.queries.run import JOIN
 from secagg_roc.ring import encode_raw
 
-from deploy_client import call_as, join_query, make_query, site_ledger
+from deploy_client import After, call_as, join_query, make_query, site_ledger
 
 pytestmark = pytest.mark.slow
 
@@ -279,20 +279,6 @@ ROCGLM_CANON = {"label": "y", "score": "score", "thresholds": 10, "alpha": 0.05,
                 "delta": 0.3, "l2_sensitivity": 0.05, "mechanism": "analytic"}
 
 
-class After:
-    """Wrap a study's `aggregate` to run `action()` once, right after the round of `step` returns."""
-
-    def __init__(self, study, step: int, action: Callable[[], None]):
-        self.study, self.step, self.action, self.done = study, step, action, False
-        self.inner = study.aggregate
-        study.aggregate = self
-
-    def __call__(self, query, params=None, **kw):
-        totals = self.inner(query, params, **kw)
-        if not self.done and (params or {}).get("step") == self.step:
-            self.done = True
-            self.action()
-        return totals
 
 
 def restart(cl: LocalCluster, *names: str) -> None:

@@ -20,7 +20,7 @@ from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.errors import PolicyError, PrivacyError, RoundError
 from secagg_roc.messages import CloseRound, Query, RoundId, StatusRequest, decode
 
-from deploy_client import call_as, join_query
+from deploy_client import After, call_as, join_query
 
 pytestmark = pytest.mark.slow
 
@@ -92,20 +92,6 @@ def ensure_running(cluster: LocalCluster, *names: str) -> None:
             cluster.start_party(name)
 
 
-class After:
-    """Wrap a study's `aggregate` to run `action` once, right after the round of step `step` of a run returns."""
-
-    def __init__(self, study, step: int, action: Callable[[], None]):
-        self.study, self.step, self.action, self.done = study, step, action, False
-        self.inner = study.aggregate
-        study.aggregate = self
-
-    def __call__(self, query, params=None, **kw):
-        totals = self.inner(query, params, **kw)
-        if not self.done and (params or {}).get("step") == self.step:
-            self.done = True
-            self.action()
-        return totals
 
 
 def test_kill_9_an_aggregator_mid_round_and_mid_run(cluster, local) -> None:
