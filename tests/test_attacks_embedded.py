@@ -300,3 +300,33 @@ def test_refused_rounds_are_abandoned_and_never_block_the_study():
             sr.brier_score(study, "y", "nope")
     assert [a.open_rounds() for a in study.federation.aggregators] == [0, 0]
     assert sr.brier_score(study, "y", "score") > 0
+
+
+def test_a_glm_cannot_single_out_a_small_group():
+    # One patient with a rare condition: an indicator covariate (or indicator weights) would make the first
+    # score vector, at beta = 0, the sum of that patient's outcome alone.
+    data = _data()
+    for site in data.values():
+        site["rare"] = np.zeros(site["y"].size)
+        site["w"] = np.ones(site["y"].size)
+    data["h2"]["rare"][3] = 1.0
+    data["h2"]["w"][:] = 0.0
+    data["h2"]["w"][3] = 1.0
+    study = _study(data, roles={**ROLES, "covariate": ["age", "rare"], "weight": ["w"]})
+    with pytest.raises(sr.SiteQueryError, match="site 'h2' does not take part.*covariate rare is binary and one of "
+                                                "its values has fewer than 5 records here"):
+        sr.fit_glm(study, "y", "rare")
+    with pytest.raises(sr.SiteQueryError, match="weights 'w' are positive for fewer than 5 records here"):
+        sr.fit_glm(study, "y", "age", weights="w")
+    assert np.isfinite(sr.fit_glm(study, "y", "age").coef).all()  # other models run as usual
+
+
+def test_a_saturated_glm_stops_before_its_fisher_rounds():
+    data = _data(sizes=(3, 3))
+    for k, site in enumerate(data.values()):
+        site["X"] = np.random.default_rng(k).normal(size=(3, 2))
+    study = sr.Study.local(data, policy=Policy(privacy_level=2, min_cell_count=1), seed=0)
+    with pytest.raises(sr.stats.FitError, match="3 coefficients for 6 records.*saturated"):
+        sr.fit_glm(study, "y", "X")
+    released = [e.message.round_id.number for e in study.transcript("analyst") if e.kind == "AggregateShare"]
+    assert len(set(released)) == 2  # the join and the column sums: no score vector, no information matrix

@@ -91,6 +91,8 @@ class Plan:
     uses: Callable[[dict[str, Any]], list[tuple[str, str]]]
     #: The fewest records a site needs to take part (per-site releases need q; a calibration table its cell count).
     min_records: Callable[[Policy], int] = lambda policy: 0
+    #: Further checks of a site's data for this analysis at the start of a run: what is wrong, or [].
+    data_check: Callable[[Any, dict[str, Any], Policy], list[str]] | None = None
 
 
 PLANS: dict[str, Plan] = {}
@@ -102,13 +104,14 @@ def plan(
     declare: Callable[[Policy, dict[str, Any]], dict[str, Any]],
     uses: Callable[[dict[str, Any]], list[tuple[str, str]]],
     min_records: Callable[[Policy], int] = lambda policy: 0,
+    data_check: Callable[[Any, dict[str, Any], Policy], list[str]] | None = None,
 ) -> Callable[[Callable[..., Rounds]], Callable[..., Rounds]]:
     """Register the generator function `rounds(ctx, args)` as the plan of analysis `name`."""
 
     def register(rounds: Callable[..., Rounds]) -> Callable[..., Rounds]:
         if name in PLANS:
             raise ValueError(f"plan {name!r} is registered twice")
-        PLANS[name] = Plan(name, rounds, declare, uses, min_records)
+        PLANS[name] = Plan(name, rounds, declare, uses, min_records, data_check)
         return rounds
 
     return register

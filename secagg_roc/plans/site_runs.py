@@ -87,6 +87,8 @@ class SiteRuns:
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
+        if not problems and plan.data_check is not None:
+            problems += plan.data_check(data, canon, self.policy)
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
             raise SiteQueryError(

@@ -259,7 +259,36 @@ def _glm_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
     return uses + ([("weight", args["weights"])] if args.get("weights") else [])
 
 
-@plan("glm", declare=_glm_declare, uses=_glm_uses)
+def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    """Run by each Site when a GLM run starts: groups of fewer than ``min_cell_count`` records a model could single out.
+
+    A binary covariate whose rarer value a site holds in 1..min_cell_count-1
+    records, or prior weights that are positive for that few: the first score
+    vector (at beta = 0) sums the outcomes of exactly those records. DataSHIELD
+    checks the levels of factors the same way (``nfilter.tab``).
+    """
+    m = policy.min_cell_count
+    problems = []
+    for name in args["X"]:
+        a = np.asarray(data.array(name), dtype=float)
+        cols = a[:, None] if a.ndim == 1 else a
+        for j in range(cols.shape[1]):
+            _, counts = np.unique(cols[:, j], return_counts=True)
+            if counts.size == 2 and counts.min() < m:
+                column = name if cols.shape[1] == 1 else f"{name}[{j}]"
+                problems.append(f"covariate {column} is binary and one of its values has fewer than {m} records here")
+    if args.get("weights"):
+        positive = int(np.sum(np.asarray(data.array(args["weights"]), dtype=float) > 0))
+        if 0 < positive < m:
+            problems.append(f"weights {args['weights']!r} are positive for fewer than {m} records here")
+    return problems
+
+
+#: DataSHIELD's ``nfilter.glm``: a model with more coefficients than this share of its records is saturated.
+MAX_COEF_SHARE = 0.33
+
+
+@plan("glm", declare=_glm_declare, uses=_glm_uses, data_check=_small_groups)
 def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, GlmResult]:
     """The ``glm`` plan: centring and scaling rounds, then Fisher scoring."""
     cov_names = args["X"]
@@ -269,6 +298,11 @@ def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, G
     weight = float(np.asarray(sums["weight"]).reshape(-1)[0])
     if rows <= 0:
         raise FitError("the contributing sites hold no records")
+    n_coef = 1 + np.asarray(sums["sum"]).size
+    if n_coef > MAX_COEF_SHARE * rows:
+        # Nearly as many coefficients as records: the fit could reproduce individual outcomes.
+        raise FitError(f"{n_coef} coefficients for {rows:.0f} records: more than {MAX_COEF_SHARE:.0%} of the "
+                       "records, a saturated model could disclose individual records")
     if cov_names:
         center = np.asarray(sums["sum"], dtype=float) / rows
         ssd = yield Step("glm.ssd", {"design": design, "center": center}, frac_bits=SSD_FRAC_BITS)
