@@ -268,19 +268,24 @@ def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     checks the levels of factors the same way (``nfilter.tab``).
     """
     m = policy.min_cell_count
-    problems = []
-    for name in args["X"]:
-        a = np.asarray(data.array(name), dtype=float)
-        cols = a[:, None] if a.ndim == 1 else a
-        for j in range(cols.shape[1]):
-            _, counts = np.unique(cols[:, j], return_counts=True)
-            if counts.size == 2 and counts.min() < m:
-                column = name if cols.shape[1] == 1 else f"{name}[{j}]"
-                problems.append(f"covariate {column} is binary and one of its values has fewer than {m} records here")
+    problems = [p for name in args["X"] for p in rare_binary_values(data, name, m)]
     if args.get("weights"):
         positive = int(np.sum(np.asarray(data.array(args["weights"]), dtype=float) > 0))
         if 0 < positive < m:
             problems.append(f"weights {args['weights']!r} are positive for fewer than {m} records here")
+    return problems
+
+
+def rare_binary_values(data: Any, name: str, min_cell: int) -> list[str]:
+    """The columns of array `name` that are binary with one value in 1..min_cell-1 of the site's records."""
+    a = np.asarray(data.array(name), dtype=float)
+    cols = a[:, None] if a.ndim == 1 else a.reshape(a.shape[0], -1)
+    problems = []
+    for j in range(cols.shape[1]):
+        _, counts = np.unique(cols[:, j], return_counts=True)
+        if counts.size == 2 and counts.min() < min_cell:
+            column = name if cols.shape[1] == 1 else f"{name}[{j}]"
+            problems.append(f"covariate {column} is binary and one of its values has fewer than {min_cell} records here")
     return problems
 
 
