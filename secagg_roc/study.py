@@ -110,8 +110,8 @@ class LocalStudy(Study):
 
     `policy` is the sites' privacy policy (default `Policy()`: q = 5, two sites
     at least, no DP release until a ``dp`` section is given, no non-private
-    mode). The keywords `privacy_level`, `min_sites`, `allow_non_private`,
-    `allow_dropouts`, `roles` and `dp` (a `DPPolicy` or its dict; it needs
+    mode). The keywords `privacy_level`, `min_sites`, `min_cell_count`,
+    `allow_non_private`, `allow_dropouts`, `roles` and `dp` (a `DPPolicy` or its dict; it needs
     `roles` naming labels and scores) are shortcuts for the policy's fields; ``allow_non_private=True`` is the researcher's explicit
     non-private simulation mode, and every result then says so. `seed` seeds
     the sites' DP noise only (share randomness always comes from the operating
@@ -130,6 +130,7 @@ class LocalStudy(Study):
         allow_dropouts: bool | None = None,
         dp: DPPolicy | Mapping[str, Any] | None = None,
         roles: Mapping[str, Any] | None = None,
+        min_cell_count: int | None = None,
         seed: int | None = None,
         scheme: str = "additive",
         frac_bits: int = 32,
@@ -140,7 +141,7 @@ class LocalStudy(Study):
 
         self.policy = local_policy(policy, privacy_level=privacy_level, min_sites=min_sites,
                                    allow_non_private=allow_non_private, allow_dropouts=allow_dropouts, dp=dp,
-                                   roles=roles)
+                                   roles=roles, min_cell_count=min_cell_count)
         self.sites = tuple(data)
         self.scheme = scheme
         self.federation = LocalFederation(

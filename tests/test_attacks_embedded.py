@@ -307,17 +307,23 @@ def test_a_glm_cannot_single_out_a_small_group():
     # score vector, at beta = 0, the sum of that patient's outcome alone.
     data = _data()
     for site in data.values():
-        site["rare"] = np.zeros(site["y"].size)
-        site["w"] = np.ones(site["y"].size)
-    data["h2"]["rare"][3] = 1.0
+        n = site["y"].size
+        site["y"] = np.arange(n) % 2
+        site["rare"] = (np.arange(n) < n // 2).astype(float)  # half the records with it at every site ...
+        site["w"] = 1.0 + (np.arange(n) % 2)
+        site["site_level"] = np.full(n, float(n))  # a hospital's size: constant at each site
+    data["h2"]["rare"][:] = 0.0
+    data["h2"]["rare"][3] = 1.0  # ... but one at h2
     data["h2"]["w"][:] = 0.0
     data["h2"]["w"][3] = 1.0
-    study = _study(data, roles={**ROLES, "covariate": ["age", "rare"], "weight": ["w"]})
-    with pytest.raises(sr.SiteQueryError, match="site 'h2' does not take part.*covariate rare is binary and one of "
-                                                "its values has fewer than 5 records here"):
+    study = _study(data, roles={**ROLES, "covariate": ["age", "rare", "site_level"], "weight": ["w"]})
+    with pytest.raises(sr.SiteQueryError, match="site 'h2' does not take part.*covariate rare has a value held by "
+                                                "fewer than 5 records here"):
         sr.fit_glm(study, "y", "rare")
-    with pytest.raises(sr.SiteQueryError, match="weights 'w' are positive for fewer than 5 records here"):
+    with pytest.raises(sr.SiteQueryError, match="weight w has a value held by fewer than 5 records here"):
         sr.fit_glm(study, "y", "age", weights="w")
+    with pytest.raises(sr.SiteQueryError, match="covariate site_level does not vary here"):
+        sr.fit_glm(study, "y", ["age", "site_level"])
     assert np.isfinite(sr.fit_glm(study, "y", "age").coef).all()  # other models run as usual
 
 

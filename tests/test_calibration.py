@@ -34,13 +34,17 @@ def _site_labels(sizes):
 def split_predictions(draw):
     n_sites = draw(st.integers(2, 10))
     cell = draw(st.integers(1, 6))
-    sizes = draw(st.lists(st.integers(cell, 30), min_size=n_sites, max_size=n_sites))  # a site needs `cell` records
+    sizes = draw(st.lists(st.integers(2 * cell, 30), min_size=n_sites, max_size=n_sites))
     n = sum(sizes)
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
     p = rng.beta(draw(st.floats(0.3, 3.0)), draw(st.floats(0.3, 3.0)), n)
     if draw(st.booleans()):
         p = np.round(p, 1)  # predictions on bin edges
     y = (rng.uniform(size=n) < p).astype(int)
+    start = 0
+    for size in sizes:  # at least `cell` records of each class at every site, as the label check asks
+        y[start:start + cell], y[start + cell:start + 2 * cell] = 1, 0
+        start += size
     return y, p, sizes, draw(st.integers(2, 20)), draw(st.integers(1, 8)), cell
 
 
@@ -74,8 +78,7 @@ def test_small_cells_are_withheld_at_each_site_and_never_summed():
     # run's record total minus the released counts.
     site_p = [np.r_[[0.25] * 3, [0.55] * 6, [0.75] * 8, [0.85]], np.r_[[0.25] * 3, [0.55] * 6, [0.75] * 8],
               np.r_[[0.55] * 7, [0.75] * 5]]
-    rng = np.random.default_rng(0)
-    data = {f"s{k}": {"p": p, "y": (rng.uniform(size=p.size) < p).astype(int)} for k, p in enumerate(site_p)}
+    data = {f"s{k}": {"p": p, "y": np.arange(p.size) % 2} for k, p in enumerate(site_p)}
     study = Study.local(data, privacy_level=5, seed=0)
     c = calibration_curve(study, "y", "p", n_bins=10)
     assert not c.released[2] and np.isnan(c.count[2])
@@ -129,15 +132,15 @@ def test_result_repr_dict_and_plot(tmp_path):
 
 def test_brier_bounds():
     y = np.array([0, 1] * 5)
-    assert brier_score(_study(y, y.astype(float), [5, 5]), "y", "p") == 0.0
-    assert brier_score(_study(y, 1.0 - y, [5, 5]), "y", "p") == 1.0
+    assert brier_score(_study(y, y.astype(float), [5, 5], min_cell_count=1), "y", "p") == 0.0
+    assert brier_score(_study(y, 1.0 - y, [5, 5], min_cell_count=1), "y", "p") == 1.0
 
 
 def test_a_site_with_no_records_in_released_bins_still_contributes():
     # Site b's predictions all fall into a bin that is suppressed (total count < q):
     # its per-bin sums are all zero, and must still have the same layout as a's.
     a = {"y": np.array([0, 1] * 10), "score": np.linspace(0.55, 0.95, 20)}
-    b = {"y": np.array([0, 1, 0, 1, 0]), "score": np.array([0.05, 0.06, 0.07, 0.15, 0.25])}
+    b = {"y": np.zeros(5, dtype=int), "score": np.array([0.05, 0.06, 0.07, 0.15, 0.25])}
     study = Study.local({"a": a, "b": b}, privacy_level=5)
     curve = calibration_curve(study, label="y", score="score", n_bins=10)
     assert curve.n_records == 25 and curve.n_released_records == 10  # a: two cells of 5; b: none

@@ -36,6 +36,7 @@ def make_data(seed: int) -> dict[str, dict[str, np.ndarray]]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory):
     cl = LocalCluster(tmp_path_factory.mktemp("failures"), make_data(7), round_timeout_s=30.0, privacy_level=8,
+                      policy={"min_cell_count": 1},
                       min_sites=2)
     # site-d starts later, mid-round
     with cl.start(sites=["site-a", "site-b", "site-c"]):
@@ -190,7 +191,7 @@ def test_rounds_close_without_silent_sites_only_as_the_policy_allows(tmp_path) -
     goes silent later fails the run (no round of it over a subset), and no later run may isolate it."""
     data = make_data(8)
     with LocalCluster(tmp_path, data, round_timeout_s=30.0, privacy_level=8, min_sites=2,
-                      policy={"allow_dropouts": True}).start(sites=["site-a", "site-b", "site-c"]) as cl:
+                      policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=["site-a", "site-b", "site-c"]) as cl:
         with cl.study(round_timeout_s=1.0) as study:
             started = time.monotonic()
             brier = sr.brier_score(study, "y", "score")

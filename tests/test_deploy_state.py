@@ -52,7 +52,8 @@ BRIER = {"label": "y", "score": "s"}
 @pytest.fixture()
 def config(tmp_path: Path):
     return loopback_study(tmp_path, SITES, 2, [19101, 19102], study_id=STUDY, privacy_level=4, min_sites=2,
-                          round_timeout_s=10.0, max_open_rounds=3, policy={"allow_dropouts": True})
+                          round_timeout_s=10.0, max_open_rounds=3,
+                          policy={"allow_dropouts": True, "min_cell_count": 1})  # tiny test data: no small-group rule
 
 
 def make_sites(config, data=DATA, seed=None) -> dict[str, Site]:
@@ -486,7 +487,8 @@ def site_study(tmp_path: Path):
     for s in SITES:
         cols = write_site_csv(tmp_path / "data" / f"{s}.csv", {"y": rng.integers(0, 2, 6), "s": rng.random(6).round(4)})
         files[s] = f"data/{s}.csv"
-    cfg = loopback_study(tmp_path, SITES, 2, [19111, 19112], files, columns=cols, study_id=STUDY, privacy_level=2)
+    cfg = loopback_study(tmp_path, SITES, 2, [19111, 19112], files, columns=cols, study_id=STUDY, privacy_level=2,
+                         policy={"min_cell_count": 1})
     create_study_keys(cfg)
     return cfg
 

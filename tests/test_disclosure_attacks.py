@@ -173,11 +173,6 @@ def _probit_cell_positives(rounds, cells: np.ndarray, counts: np.ndarray):
 # == attacks that succeed today =============================================================================
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "GLM response not checked for rare classes: with one positive in the study, fit_glm(y, ['age'], max_iter=1) "
-    "releases score[1] at beta=0 = sum (y - 1/2)(age - c)/s, i.e. sum(y * age) = the single positive's exact "
-    "age (and sum y = 1 < min_cell_count). _small_groups checks covariates and weights, never y; DataSHIELD's "
-    "glmDS checks the response's levels too. Breaks 'totals over >= q records': this total covers one record."))
 def test_glm_with_one_positive_in_the_study_reveals_its_covariates():
     data = _data()
     for site in data.values():
@@ -190,11 +185,6 @@ def test_glm_with_one_positive_in_the_study_reveals_its_covariates():
     assert recovered is None or not (recovered[0] == 1 and abs(recovered[1] - data["h3"]["age"][4]) < 1e-3)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Under the default Policy() (roles=None) any 0/1 array may be the GLM response, and the response is not "
-    "checked: fit_glm('rare', ['y', 'age']) with a binary 'rare' held by one record gives sum(rare)=1, "
-    "sum(rare*y) = that person's label and sum(rare*age) = their age from the beta=0 score vector. "
-    "The same array as a covariate is refused (rare binary value), as the response it is not."))
 def test_rare_binary_as_glm_response_reveals_label_and_age():
     def attack(label):
         data = _data()
@@ -210,12 +200,6 @@ def test_rare_binary_as_glm_response_reveals_label_and_age():
     assert not all(attack(label) for label in (0, 1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "The Brier score's label is never checked for rare classes (no data check at all): under Policy() "
-    "brier_score('rare', 'score') releases sse = sum s^2 - 2 sum(rare * s) + sum(rare), and fit_glm('y', "
-    "['score'], max_iter=1) releases sum s^2 (info at beta=0), so the one record with rare = 1 has score "
-    "(sum s^2 + 1 - sse) / 2, exact to 1e-9. A fix confined to the GLM response leaves this open: every label "
-    "(brier, calibration, glm) needs the rare-class check, or roles must be mandatory."))
 def test_brier_with_a_rare_label_reveals_one_records_exact_score():
     data = _data()
     for site in data.values():
@@ -229,11 +213,6 @@ def test_brier_with_a_rare_label_reveals_one_records_exact_score():
     assert recovered is None or abs(recovered - data["h2"]["score"][7]) > 1e-6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A logit GLM on one binary covariate releases the 2x2 table label x covariate: score[1] at beta=0 gives "
-    "sum(y * sex) = 1, a table cell of one record, although every marginal (y and sex, at every site) has "
-    ">= min_cell_count records and passes the new checks. min_cell_count protects calibration cells only; "
-    "the GLM needs a cross-tabulation check of the response against each binary covariate (and of pairs)."))
 def test_glm_releases_a_label_by_covariate_cell_below_min_cell_count():
     data = _data(seed=4)
     for site in data.values():  # no woman is a case ...
@@ -245,11 +224,6 @@ def test_glm_releases_a_label_by_covariate_cell_below_min_cell_count():
     assert cell is None or not (0 < cell < Q)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Weights differencing: the weight check refuses arrays positive for 1..m-1 records, but not a 0/1 array "
-    "that is ZERO for one record ('alive' = 0 for one patient). fit_glm(y, ['age']) and fit_glm(y, ['age'], "
-    "weights='alive') over the same contributor set differ by exactly that record: sum w (1 record), its label "
-    "(score[0]) and its age (info[0,1]). Any weights with a level held by < m records do the same."))
 def test_weights_zero_for_one_record_difference_it_out():
     def attack(label):
         data = _data()
@@ -267,11 +241,6 @@ def test_weights_zero_for_one_record_difference_it_out():
     assert not all(attack(label) for label in (0, 1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A three-level covariate (smoking 0/1/2) escapes the binary-only check: glm.means and glm.ssd release "
-    "sum x and sum x^2, so n2 = (sum x^2 - sum x)/2 = 1 (a category count below min_cell_count); a probit fit "
-    "with max_iter=2 then releases Fisher scores at two further betas, whose pattern-specific weights "
-    "phi/(Phi(1-Phi)) make the positives per level identifiable: the one 'former smoker's' label."))
 def test_three_level_covariate_reveals_a_rare_level_and_its_label_via_probit():
     def attack(label):
         data = _data(seed=2)
@@ -297,11 +266,6 @@ def test_three_level_covariate_reveals_a_rare_level_and_its_label_via_probit():
     assert not all(attack(label) for label in (0, 1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Cross-classification of two binary covariates, each passing the per-column check at every site: "
-    "info[1,2] at beta=0 gives sum(female*smoker) = 1 (a cell below min_cell_count), and a probit fit with "
-    "max_iter=2 makes the positives of each (female, smoker) pattern identifiable: the one female smoker's "
-    "label. The check must cover the joint table of the model's categorical columns, not each column."))
 def test_intersection_of_two_binary_covariates_isolates_one_record():
     def attack(label):
         data = _data(seed=3)
@@ -332,12 +296,6 @@ def test_intersection_of_two_binary_covariates_isolates_one_record():
     assert not all(attack(label) for label in (0, 1))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "A site-level covariate isolates one site inside a run over all sites: 'teaching' is 1 at h0 only, so it "
-    "is constant at every site and passes the binary check (one value per site), and the ledger/aggregator "
-    "atoms only look at contributor sets. fit_glm(y, ['teaching', 'age']) gives sum(teaching) = h0's record "
-    "count, sum(teaching*y) = h0's number of positives, sum(teaching*age) = h0's age total: single-site totals "
-    "(weights='teaching' does the same)."))
 def test_site_level_covariate_releases_a_single_sites_totals():
     data = _data()
     for name, site in data.items():
@@ -350,13 +308,6 @@ def test_site_level_covariate_releases_a_single_sites_totals():
     assert recovered is None or not (recovered[:2] == truth[:2] and abs(recovered[2] - truth[2]) < 1e-2)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ROC-GLM with two positives in the study: the DeLong rounds release the exact sum and the sum of squared "
-    "deviations of the positives' placement values S~0(score), computed from the EXACT scores (not a "
-    "post-processing of the DP release), so both placement values follow (m +- sqrt(ssd/2)) and each pins a "
-    "positive's exact score between two adjacent released noisy negatives, closer than the DP noise "
-    "(sigma 0.0125) allows. Exact totals over a class of 2 records: the plan only requires n0, n1 >= 2 after "
-    "the counts round; it should stop unless each class holds at least q (or min_cell_count) records."))
 def test_rocglm_with_two_positives_reveals_their_exact_scores():
     data = _data(sizes=(60, 50, 70, 40, 80))
     for site in data.values():
@@ -392,7 +343,7 @@ def test_rare_binary_covariate_keeps_its_site_out_and_nothing_is_released():
         site["rare"] = np.zeros(len(site["y"]), dtype=np.int64)
     data["h2"]["rare"][7] = 1
     spy = Spy(sr.Study.local(data, policy=Policy(), seed=1))
-    with pytest.raises(sr.SecAggError, match="binary and one of its values has fewer than 5"):
+    with pytest.raises(sr.SecAggError, match="covariate rare (does not vary here|has a value held by fewer than 5)"):
         sr.fit_glm(spy.study, "y", ["rare", "age"])
     assert spy.released_queries() == []  # not even the join
 
@@ -403,7 +354,7 @@ def test_weights_positive_for_a_handful_of_records_are_refused():
         site["w"] = np.zeros(len(site["y"]))
     data["h2"]["w"][7] = 1.0
     spy = Spy(sr.Study.local(data, policy=Policy(), seed=1))
-    with pytest.raises(sr.SecAggError, match="positive for fewer than 5 records"):
+    with pytest.raises(sr.SecAggError, match="weight w (does not vary here|has a value held by fewer than 5)"):
         sr.fit_glm(spy.study, "y", weights="w")
     assert spy.released_queries() == []
 
@@ -411,7 +362,7 @@ def test_weights_positive_for_a_handful_of_records_are_refused():
 def test_saturated_model_stops_before_any_fisher_round():
     rng = np.random.default_rng(0)
     data = {f"h{k}": {"y": _alternating(6), "genes": rng.normal(size=(6, 5))} for k in range(2)}
-    spy = Spy(sr.Study.local(data, policy=Policy(), seed=1))
+    spy = Spy(sr.Study.local(data, policy=Policy(min_cell_count=1), seed=1))  # no small-group checks in the way
     with pytest.raises(sr.stats.FitError, match="saturated"):
         sr.fit_glm(spy.study, "y", ["genes"])
     assert spy.released_queries() == ["run.join", "glm.means"]  # column sums only: no score, no information
@@ -457,11 +408,15 @@ def test_a_data_check_dropout_cannot_difference_a_site_out():
     data["h2"]["sex"][:] = 0
     data["h2"]["sex"][7] = 1
     spy = Spy(sr.Study.local(data, policy=Policy(allow_dropouts=True), seed=1))
-    sr.brier_score(spy.study, "y", "score")
+    everyone = sr.brier_score(spy.study, "y", "score").contributors
     before = spy.released_queries()
-    with pytest.raises(sr.SecAggError, match="isolate 1 site"):
-        sr.fit_glm(spy.study, "y", ["sex", "age"])
-    assert spy.released_queries() == before
+    try:
+        fit = sr.fit_glm(spy.study, "y", ["sex", "age"])
+    except sr.SecAggError as exc:
+        assert "isolate" in str(exc) or "did not join" in str(exc)
+        assert spy.released_queries() == before
+    else:  # other sites' checks kept them out too: the difference to the first run covers >= min_sites sites
+        assert len(set(everyone) - set(fit.contributors)) >= 2 and "h2" not in fit.contributors
 
 
 def test_calibration_remainder_stays_at_least_min_cell_count_against_other_totals():

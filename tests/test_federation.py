@@ -129,7 +129,8 @@ def test_reserved_and_duplicate_site_names():
 
 def test_study_answers_only_whitelisted_queries_in_a_run():
     y = np.array([0, 1, 1, 0, 1, 0])
-    study = sr.Study.local({"a": {"y": y, "score": y / 2}, "b": {"y": y, "score": y / 3}}, privacy_level=5)
+    study = sr.Study.local({"a": {"y": y, "score": y / 2}, "b": {"y": y, "score": y / 3}}, privacy_level=5,
+                           policy=sr.Policy(min_cell_count=1))
     with pytest.raises(sr.SiteQueryError, match="unknown site query"):
         study.aggregate("dump_all_records", {})
     with pytest.raises(sr.PolicyError, match="not a round of a run"):

@@ -12,6 +12,7 @@ from secagg_roc import pooled
 from secagg_roc.datasets import load_gbsg2
 from secagg_roc.stats import fit_glm
 from secagg_roc.stats.glm import ConvergenceWarning, FitError, fisher_scoring
+from secagg_roc import Policy, SiteQueryError
 from secagg_roc.study import Study
 
 NAMES = ["horTh", "age", "menostat", "tsize", "pnodes", "progrec", "estrec"]
@@ -25,11 +26,12 @@ def _gbsg2():
     return X, d["cens"].astype(int)
 
 
-def _split(n_sites: int, arrays: dict[str, np.ndarray], seed: int = 0) -> Study:
+def _split(n_sites: int, arrays: dict[str, np.ndarray], seed: int = 0, **policy) -> Study:
     n = len(next(iter(arrays.values())))
     order = np.random.default_rng(seed).permutation(n)
     parts = np.array_split(order, n_sites)
-    return Study.local({f"site{k}": {k2: v[p] for k2, v in arrays.items()} for k, p in enumerate(parts)}, seed=seed)
+    return Study.local({f"site{k}": {k2: v[p] for k2, v in arrays.items()} for k, p in enumerate(parts)}, seed=seed,
+                       **policy)
 
 
 def _statsmodels(y, X, family, weights=None, kind="freq"):
@@ -108,8 +110,11 @@ def test_a_covariate_near_a_million_with_a_small_spread_fits_and_frees_its_round
 def test_constant_covariate_is_refused():
     X, y = _gbsg2()
     X = np.column_stack([X[:, 1], np.full(y.size, 3.0)])
-    with pytest.raises(FitError, match="constant over all sites"):
+    with pytest.raises(SiteQueryError, match=r"covariate X\[1\] does not vary here"):  # each site refuses first
         fit_glm(_split(2, {"y": y, "X": X}), "y", "X", names=["age", "const"])
+    loose = Policy(min_cell_count=1)  # no small-group checks: the plan finds the constant column itself
+    with pytest.raises(FitError, match="constant over all sites"):
+        fit_glm(_split(2, {"y": y, "X": X}, policy=loose), "y", "X", names=["age", "const"])
 
 
 def test_separation_stops_unconverged_with_warning():
@@ -155,7 +160,8 @@ def test_result_repr_and_dict():
 def test_huge_weights_set_a_lower_precision_from_the_released_weight_total():
     X, y = _gbsg2()
     w = np.full(y.size, 1e8)  # informations ~1e10 per site: beyond 32 fractional bits
-    got = fit_glm(_split(3, {"y": y, "X": X, "w": w}), "y", "X", weights="w")
+    # Constant weights are refused by the small-group checks (a site-level value); this policy sets none.
+    got = fit_glm(_split(3, {"y": y, "X": X, "w": w}, policy=Policy(min_cell_count=1)), "y", "X", weights="w")
     ref = _statsmodels(y, X, "logit")
     np.testing.assert_allclose(got.coef, ref.params, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(got.cov * 1e8, ref.cov_params(), rtol=1e-4)

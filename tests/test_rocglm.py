@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from scipy.stats import norm
 
-from secagg_roc import DPPolicy, Policy, PolicyError, pooled
+from secagg_roc import DPPolicy, Policy, PolicyError, SiteQueryError, pooled
 from secagg_roc.stats import NonPrivateWarning, binormal_auc, roc_glm
 from secagg_roc.stats.rocglm import resolve_thresholds
 from secagg_roc.stats.survival import default_thresholds
@@ -64,7 +64,8 @@ def test_non_private_mode_equals_pooled_reference(data):
         warnings.simplefilter("ignore")
         ref = pooled.roc_glm(y, s)
         assume(ref.glm.converged)
-        got = roc_glm(_study(y, s, sizes), "y", "score", epsilon=None)
+        loose = Policy(allow_non_private=True, min_cell_count=1)  # a simulation: any split, small classes too
+        got = roc_glm(_study(y, s, sizes, policy=loose), "y", "score", epsilon=None)
     assert got.mode == "non-private" and not got.private
     np.testing.assert_allclose(got.params, ref.params, atol=TOL)
     for name in ("auc", "auc_closed_form", "auc_empirical", "var_auc", "var_negative", "var_positive"):
@@ -227,8 +228,11 @@ def test_roc_curve_and_plot(tmp_path):
 def test_too_few_positives_is_refused():
     y = np.array([0] * 19 + [1])
     s = np.linspace(0.1, 0.9, 20)
+    with pytest.raises(SiteQueryError, match="a class of label y has fewer than 5 records here"):
+        roc_glm(_study(y, s, [10, 10]), "y", "score", epsilon=None)  # a site refuses first
+    loose = Policy(allow_non_private=True, min_cell_count=1)
     with pytest.raises(ValueError, match="at least two negatives and two positives"):
-        roc_glm(_study(y, s, [10, 10]), "y", "score", epsilon=None)
+        roc_glm(_study(y, s, [10, 10], policy=loose), "y", "score", epsilon=None)
 
 
 def test_default_mechanism_is_analytic_with_less_noise_for_the_same_guarantee():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from secagg_roc import DPPolicy
+from secagg_roc import DPPolicy, Policy
 from secagg_roc.errors import PolicyError, PrivacyError, SiteQueryError
 from secagg_roc.queries import SiteData, run_site_query
 from secagg_roc.stats import brier_score, calibration_curve, fit_glm, roc_glm
@@ -104,12 +104,16 @@ def test_scores_outside_the_policy_range_are_clipped_never_refused():
 
 
 def test_a_site_below_q_does_not_join_per_site_releases():
-    # Secure totals are fine (q applies to totals), but noisy scores leave each site on their own.
+    # Noisy scores leave each site on their own: a site needs q records to join; and its labels' classes
+    # must not be small groups, in every analysis.
     data = {"alpha": _good(20, 1), "beta": _good(20, 2), "tiny": _good(3, 3)}
     st = Study.local(data, privacy_level=5, seed=0, dp=DP, roles=ROLES)
-    assert brier_score(st, "y", "score") > 0 and brier_score(st, "y", "score").contributors == tuple(data)
+    with pytest.raises(SiteQueryError, match=r"site .tiny. does not take part.*a class of label y has fewer than 5"):
+        brier_score(st, "y", "score")
+    loose = Study.local(data, privacy_level=5, seed=0, dp=DP, roles=ROLES, min_cell_count=1)  # no small-class rule
+    assert brier_score(loose, "y", "score").contributors == tuple(data)
     with pytest.raises(SiteQueryError, match=r"site .tiny. does not take part.*fewer records than the 5 this analysis"):
-        roc_glm(st, "y", "score")
+        roc_glm(loose, "y", "score")  # per-site releases still need q records
     # A policy that allows dropouts runs without it, and the result names its sites.
     lenient = Study.local(data, privacy_level=5, seed=0, dp=DP, roles=ROLES, allow_dropouts=True)
     got = roc_glm(lenient, "y", "score")
@@ -118,7 +122,8 @@ def test_a_site_below_q_does_not_join_per_site_releases():
 
 
 def test_total_below_q_is_refused_by_the_round():
-    st = Study.local({"alpha": _good(2, 1), "beta": _good(2, 2)}, privacy_level=5, seed=0)
+    st = Study.local({"alpha": _good(2, 1), "beta": _good(2, 2)}, privacy_level=5, seed=0,
+                     policy=Policy(min_cell_count=1))
     with pytest.raises(PrivacyError, match="fewer than the privacy level"):
         brier_score(st, "y", "score")
 

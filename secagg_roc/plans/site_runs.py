@@ -3,7 +3,9 @@
 A site joins a run only if the run's analysis and arguments are allowed by
 its policy and already canonical, the analyst's policy digest is its own, and
 its data pass the analysis's checks (and hold enough records: q for an
-analysis that releases per-site values, the minimum cell count for a table). When the join's release arrives (from the
+analysis that releases per-site values, the minimum cell count for a table),
+and no class of a label is a small group (`queries.groups`; an analysis
+adds its own checks, such as the GLM's on covariates). When the join's release arrives (from the
 aggregators), the site checks the contributor set against the policy and
 starts its copy of the plan; each later release moves that copy one step on.
 A round is answered only if it is exactly the next step: same query, same
@@ -22,6 +24,7 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
+from ..queries.groups import label_problems
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, declared, get_plan
 
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
@@ -87,6 +90,8 @@ class SiteRuns:
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
+        if not problems:
+            problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
         if problems:

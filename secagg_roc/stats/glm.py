@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import SecAggError
 from ..plans import PlanContext, Step, plan, run_analysis
+from ..queries.groups import small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
 from .results import GlmResult, NamedArray
@@ -259,38 +260,13 @@ def _glm_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
     return uses + ([("weight", args["weights"])] if args.get("weights") else [])
 
 
-def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
-    """Run by each Site when a GLM run starts: groups of fewer than ``min_cell_count`` records a model could single out.
-
-    A binary covariate whose rarer value a site holds in 1..min_cell_count-1
-    records, or prior weights that are positive for that few: the first score
-    vector (at beta = 0) sums the outcomes of exactly those records. DataSHIELD
-    checks the levels of factors the same way (``nfilter.tab``).
-    """
-    m = policy.min_cell_count
-    problems = [p for name in args["X"] for p in rare_binary_values(data, name, m)]
-    if args.get("weights"):
-        positive = int(np.sum(np.asarray(data.array(args["weights"]), dtype=float) > 0))
-        if 0 < positive < m:
-            problems.append(f"weights {args['weights']!r} are positive for fewer than {m} records here")
-    return problems
-
-
-def rare_binary_values(data: Any, name: str, min_cell: int) -> list[str]:
-    """The columns of array `name` that are binary with one value in 1..min_cell-1 of the site's records."""
-    a = np.asarray(data.array(name), dtype=float)
-    cols = a[:, None] if a.ndim == 1 else a.reshape(a.shape[0], -1)
-    problems = []
-    for j in range(cols.shape[1]):
-        _, counts = np.unique(cols[:, j], return_counts=True)
-        if counts.size == 2 and counts.min() < min_cell:
-            column = name if cols.shape[1] == 1 else f"{name}[{j}]"
-            problems.append(f"covariate {column} is binary and one of its values has fewer than {min_cell} records here")
-    return problems
-
-
 #: DataSHIELD's ``nfilter.glm``: a model with more coefficients than this share of its records is saturated.
 MAX_COEF_SHARE = 0.33
+
+
+def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    # The score vector and information at beta = 0 are cross-tables of the response and the covariates.
+    return small_groups(data, _glm_uses(args), policy.min_cell_count)
 
 
 @plan("glm", declare=_glm_declare, uses=_glm_uses, data_check=_small_groups)

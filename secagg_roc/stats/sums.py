@@ -1,9 +1,9 @@
 """Column sums of a named array over the sites: the ``sum`` plan (not among the default analyses).
 
 One secure round. The released total covers the run's contributor set and
-meets q and min_sites like every release; a binary column (whose sum is a
-count) takes part only where its rarer value has at least ``min_cell_count``
-records at each site; a policy lists ``sum`` only where the
+meets q and min_sites like every release; a categorical column (whose sum
+counts records of its values) takes part only where each of its values has
+none or at least ``min_cell_count`` records at each site (`queries.groups`); a policy lists ``sum`` only where the
 totals of its arrays may be released (e.g. for aggregate counts, or for
 benchmarking the secure sum on real processes). Values are summed at the
 study's precision (32 fractional bits); a site clips any value beyond the
@@ -18,7 +18,7 @@ import numpy as np
 
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..policy import Policy
-from .glm import rare_binary_values
+from ..queries.groups import small_groups
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -31,12 +31,8 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"array": array}
 
 
-def _rare_values(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
-    # The sum of a binary column counts its records with one value: a count below the minimum cell count.
-    return rare_binary_values(data, args["array"], policy.min_cell_count)
-
-
-@plan("sum", declare=_declare, uses=lambda args: [("covariate", args["array"])], data_check=_rare_values)
+@plan("sum", declare=_declare, uses=lambda args: [("covariate", args["array"])],
+      data_check=lambda data, args, policy: small_groups(data, [("covariate", args["array"])], policy.min_cell_count))
 def sum_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, np.ndarray]:
     """The ``sum`` plan: one secure sum."""
     total = yield Step("sum", {"array": args["array"]})

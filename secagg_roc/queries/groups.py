@@ -1,0 +1,90 @@
+"""Small groups an analysis could single out, checked by each Site when a run starts.
+
+Exact totals over many records can still describe a few: the first score
+vector of a logistic GLM (at beta = 0) holds the sums of y * x and its
+information matrix the sums of x * x' -- the cells of the cross-table of the
+response and every categorical covariate. So before a site takes part it
+checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
+
+* every class of a label holds 0 or at least ``min_cell`` records, in every
+  analysis (`label_problems`);
+* for the analyses that sum products of covariates (the GLM, column sums:
+  `small_groups`), a categorical column (at most `CATEGORICAL_LEVELS` distinct
+  values, each held by two records on average) used as a covariate or as
+  weights holds every one of its values in 0
+  or at least ``min_cell`` records, and so does every cell of its cross-table
+  with the label and with every other categorical column of the analysis; and
+  no covariate or weight is constant at the site: a site-level value (a
+  hospital's size, "teaching hospital") would single out the sites that share
+  it, inside a run over all of them.
+
+A site whose data fail does not join the run; the refusal names the check,
+never a count or a value. What these checks cannot see -- a continuous
+covariate an analyst knows for every record, or continuous weights -- is a
+residual the policy limits by declaring which arrays may play which role.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Iterable
+
+import numpy as np
+
+from .registry import SiteData
+
+#: Columns with at most this many distinct values at a site are categorical.
+CATEGORICAL_LEVELS = 10
+
+
+def _columns(site: SiteData, name: str) -> list[tuple[str, np.ndarray]]:
+    a = np.asarray(site.array(name), dtype=float)
+    if a.ndim <= 1:
+        return [(name, a.reshape(-1))]
+    flat = a.reshape(a.shape[0], -1)
+    return [(f"{name}[{j}]", flat[:, j]) for j in range(flat.shape[1])]
+
+
+def _small(counts: np.ndarray, min_cell: int) -> bool:
+    return bool(np.any((counts > 0) & (counts < min_cell)))
+
+
+def _cross_small(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
+    _, counts = np.unique(np.column_stack([a, b]), axis=0, return_counts=True)
+    return _small(counts, min_cell)
+
+
+def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
+    """Labels of an analysis with a class of 1..min_cell-1 records at `site` (checked for every analysis)."""
+    return [
+        f"a class of label {name} has fewer than {min_cell} records here"
+        for role, array in uses if role == "label"
+        for name, column in _columns(site, array)
+        if _small(np.unique(column, return_counts=True)[1], min_cell)
+    ]
+
+
+def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
+    """Covariates and weights of an analysis that would single out a small group at `site`; [] if none."""
+    uses = list(uses)
+    if site.records() <= 1 or min_cell <= 1:
+        return []  # a single record, or a policy that sets no minimum group size (a simulation's choice)
+    problems: list[str] = []
+    labels = [(n, c) for role, name in uses if role == "label" for n, c in _columns(site, name)]
+    categorical: list[tuple[str, np.ndarray]] = []
+    for role, array in uses:
+        if role not in ("covariate", "weight"):
+            continue
+        for name, column in _columns(site, array):
+            values, counts = np.unique(column, return_counts=True)
+            if values.size == 1:
+                problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
+                continue
+            if values.size <= CATEGORICAL_LEVELS and 2 * values.size <= column.size:  # values repeat: categories
+                if _small(counts, min_cell):
+                    problems.append(f"{role} {name} has a value held by fewer than {min_cell} records here")
+                categorical.append((name, column))
+    for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
+        if _cross_small(a, b, min_cell):
+            problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")
+    return problems
