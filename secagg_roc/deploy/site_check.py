@@ -32,6 +32,7 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
     from ..policy import ROLES
     from ..queries import SiteData
     from ..queries.checks import out_of_range, role_problems
+    from ..queries.groups import label_problems, small_groups
     from .config_read import load_study
     from .config_schema import SiteConfig
     from .site_data import load_site_data
@@ -73,6 +74,13 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
         for p in joint:
             lines.append(f"  {p}")
         problems += joint
+        # Small groups keep the site out of a run (not a fault of the data): notes, as the runs will see them.
+        groups = label_problems(data, uses, policy.min_cell_count)
+        groups += small_groups(data, [u for u in uses if u[0] != "score"], policy.min_cell_count)
+        if groups and not joint:
+            lines.append(f"small groups (this site does not join a run that uses them together, q-style rule "
+                         f"min_cell_count = {policy.min_cell_count}):")
+            lines += [f"  {g}" for g in dict.fromkeys(groups)]
     else:
         lines.append("the policy declares no roles: every array may play any role; what each can be:")
         lengths = {}
