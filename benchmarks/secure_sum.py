@@ -6,7 +6,7 @@
 Prints, for K sites with vectors of length d and N aggregators, the median
 wall time of `LocalFederation.secure_sum` (encode, split with AES-CTR seeds,
 aggregate, combine, decode) and of `acc += v` over the same K vectors, and
-their ratio. Target (issue 2): ratio <= 10 at K=10, d=1e6, N=2.
+their ratio. Target: ratio <= 10 at K=10, d=1e6, N=2.
 
 Where the time goes at K=10, d=1e6, N=2 (cProfile, ~55 ms a round): AES-CTR
 keystreams ~20 ms (each seed is expanded twice, at the site and at its

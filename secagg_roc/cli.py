@@ -1,23 +1,37 @@
 """`secagg-roc`: the command line.
 
 Subcommands register themselves through `add_*_parser(subparsers)` functions
-next to the code they run, so this module stays a table of contents.
+next to the code they run, so this module stays a table of contents. Every
+subcommand is listed on a base install; one that needs an optional extra says
+which, in one line, when it runs (`extras`). Errors a user can fix (a study
+file, a key, an output folder, a missing extra) end as one line on stderr and
+exit status 2; an analysis that failed or was refused as one line and status 1.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
-from pathlib import Path
 from typing import Sequence
+
+from . import __version__
+from .errors import ConfigError
+from .extras import MissingExtra, require
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    from .outputs import output_folder
+
+    out = output_folder(args.out)
+    if not args.embedded:
+        require("deploy", "the deployed demo (add --embedded to run every party in this process)")
     from .demo import run_demo
 
-    result = run_demo(Path(args.out), seed=args.seed, deployed=not args.embedded)
+    result = run_demo(out, seed=args.seed, deployed=not args.embedded)
     print(result["text"])
+    print("\nwrote " + ", ".join(result["files"].values()))
+    for note in result.get("notes", ()):
+        print(f"note: {note}")
     return 0
 
 
@@ -28,21 +42,34 @@ def _run_sum_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _aggregators(text: str) -> int:
+    """``--aggregators``: additive sharing needs two at least (one would see every input)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2 (one aggregator would see every input), got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="secagg-roc",
         description="Validate a prediction model on data no one may pool: secure aggregation "
         "across non-colluding aggregators, and the distributed ROC-GLM on top.",
     )
+    parser.add_argument("--version", action="version", version=f"secagg-roc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
         "demo",
         help="the paper's use case on GBSG2: distributed ROC-GLM, AUC with CI, Brier, calibration",
         description="Run the distributed validation of the paper's use case (GBSG2, five sites, q=5) "
-        "and write a report, a JSON file and two plots to --out. By default the parties are real: two "
-        "aggregator services and five site agents start as processes on 127.0.0.1 with fresh keys and "
-        "mutual TLS, and stop when the analysis is done.",
+        "and write report.txt, report.json and, with the [plot] extra, roc.png and calibration.png to --out. "
+        "By default the parties are real (this needs the [deploy] extra): two aggregator services and five "
+        "site agents start as processes on 127.0.0.1 with fresh keys and mutual TLS, and stop when the "
+        "analysis is done. --embedded runs on a base install.",
     )
     demo.add_argument(
         "--embedded", action="store_true", help="run every party in this process instead (no network, no keys)"
@@ -56,22 +83,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="one secure sum over three sites, printing what every party received",
         description="Secret-share three small vectors across the aggregators and show each party's transcript.",
     )
-    sum_demo.add_argument("--aggregators", type=int, default=2, help="number of aggregators (default: %(default)s)")
+    sum_demo.add_argument("--aggregators", type=_aggregators, default=2,
+                          help="number of aggregators, at least 2 (default: %(default)s)")
     sum_demo.set_defaults(func=_run_sum_demo)
 
+    # Listed on every install: each command checks its extra when it runs.
+    from .deploy.cli_analyze import add_analyze_parser
     from .deploy.cli_keys import add_keys_parser
+    from .deploy.cli_services import add_service_parsers
+    from .deploy.cli_status import add_status_parser
 
     add_keys_parser(sub)
-    if importlib.util.find_spec("aiohttp") is not None:  # the [deploy] extra
-        from .deploy.cli_services import add_service_parsers
-
-        add_service_parsers(sub)
+    add_service_parsers(sub)
+    add_analyze_parser(sub)
+    add_status_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``secagg-roc`` with `argv`; the exit status (0 success, 1 failed analysis, 2 something to fix)."""
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    name = f"secagg-roc {args.command}"
+    try:
+        return int(args.func(args) or 0)
+    except MissingExtra as exc:
+        print(f"{name}: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # e.g. a full disk or a file that vanished: the reason, not a traceback
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        print(f"{name}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

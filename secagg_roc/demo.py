@@ -21,6 +21,7 @@ import numpy as np
 
 from . import pooled
 from .datasets import load_gbsg2
+from .extras import missing
 from .dp.sensitivity import l2_sensitivity
 from .policy import DPPolicy, Policy
 from .stats import brier_score, calibration_curve, fit_glm, roc_glm
@@ -94,7 +95,10 @@ def proportional_sizes(total: int, weights=PAPER_SITE_SIZES) -> list[int]:
 
 
 def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str, Any]:
-    """Run the use case; write ``report.json``, ``roc.png`` and ``calibration.png`` into `outdir`.
+    """Run the use case; write ``report.txt``, ``report.json``, ``roc.png`` and ``calibration.png`` into `outdir`.
+
+    The plots need the [plot] extra (matplotlib); without it the report says so
+    in ``notes`` and the rest is written all the same.
 
     `deployed` runs the validation against aggregator and site processes on
     loopback (their keys, data files and databases in a temporary folder).
@@ -196,13 +200,20 @@ def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str,
         "warnings": caught,
     }
 
-    from .plotting import plot_calibration, plot_roc, save
+    files = {"text": outdir / "report.txt", "report": outdir / "report.json"}
+    notes = []
+    if missing("plot") is None:
+        from .plotting import plot_calibration, plot_roc, save
 
-    roc_png = save(plot_roc(roc, pooled=ref_roc), outdir / "roc.png")
-    cal_png = save(plot_calibration(calib, pooled=ref_calib), outdir / "calibration.png")
-    report["files"] = {"roc": str(roc_png), "calibration": str(cal_png), "report": str(outdir / "report.json")}
+        files["roc"] = save(plot_roc(roc, pooled=ref_roc), outdir / "roc.png")
+        files["calibration"] = save(plot_calibration(calib, pooled=ref_calib), outdir / "calibration.png")
+    else:  # the report and its JSON need nothing beyond a base install
+        notes.append("no plots: they need the [plot] extra: pip install 'secagg-roc[plot]'")
+    report["files"] = {k: str(v) for k, v in files.items()}
+    report["notes"] = notes
     report["text"] = format_report(report, roc, calib)
-    (outdir / "report.json").write_text(json.dumps(report, indent=2, default=float))
+    files["text"].write_text(report["text"] + "\n", encoding="utf-8")
+    files["report"].write_text(json.dumps(report, indent=2, default=float), encoding="utf-8")
     return report
 
 

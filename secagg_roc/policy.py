@@ -300,7 +300,8 @@ class Policy:
         if not self.allow_non_private:
             raise PolicyError(
                 "policy: the non-private validation mode (exact per-site scores) is not allowed by this study; "
-                "a simulation may allow it with allow_non_private=True"
+                "a study file allows it with allow_non_private = true in [policy] (and each site's operator with "
+                "--allow-non-private), a simulation with Policy(allow_non_private=True)"
             )
 
     @property

@@ -32,6 +32,9 @@ class Study(abc.ABC):
 
     sites: tuple[str, ...]
     policy: Policy
+    #: True for the plaintext trusted-host baseline: one host sees every site's values, and every
+    #: result of the study is labelled non-private (`plans.runner.run_analysis`).
+    trusted_host: bool = False
 
     @property
     def privacy_level(self) -> int:
@@ -61,6 +64,10 @@ class Study(abc.ABC):
     @abc.abstractmethod
     def release_dp(self, query: str, params: Mapping[str, Any] | None = None) -> dict[str, dict[str, np.ndarray]]:
         """One per-site round of a query declared ``release="dp"``; site -> its released arrays."""
+
+    def covariate_names(self, arrays: list[str]) -> list[str] | None:
+        """Names of the columns of covariate `arrays`, if the study knows better ones than ``X[j]``; else None."""
+        return None
 
     def broadcast(self, name: str, value: Any) -> None:
         """Refused: the analyst cannot send values to the sites.
@@ -155,6 +162,7 @@ class LocalStudy(Study):
             study_id=study_id,
             transcripts=transcripts,
         )
+        self.trusted_host = not self.federation.scheme.private
         self.site_objects = {
             name: self.federation.site(
                 SiteData(name=name, arrays={k: np.asarray(v) for k, v in arrays.items()}, rng=site_noise_rng(seed, name)),

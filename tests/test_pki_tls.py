@@ -364,8 +364,12 @@ def test_context_errors_name_the_file(study: Keyed, tmp_path: Path) -> None:
     a = study.config.aggregators[0]
     with pytest.raises(ConfigError, match="cannot load the study CA"):
         server_ssl_context(tmp_path / "missing.pem", a.cert, a.key)
-    with pytest.raises(ConfigError, match="cannot load certificate"):
+    with pytest.raises(ConfigError, match="cannot load certificate") as info:
         client_ssl_context(study.config.ca_cert, a.cert, study.config.sites[0].key)  # mismatched key
+    # What to fix, not OpenSSL's words.
+    assert "does not belong to the certificate" in str(info.value) and "KEY_VALUES_MISMATCH" not in str(info.value)
+    with pytest.raises(ConfigError, match="missing-key.pem does not exist: the coordinator makes it"):
+        client_ssl_context(study.config.ca_cert, a.cert, tmp_path / "missing-key.pem")
 
 
 # ---------------------------------------------------------------------------

@@ -10,9 +10,14 @@
 - `http_protocol`: the HTTPS protocol between parties: endpoints, framing, errors as statuses.
 - `http`: `AggregatorClient`, the client side of that protocol, and `retry`;
   `http_bulk`: its bulk path (large bodies over a blocking socket in a worker thread).
-- `cli_keys`: the ``secagg-roc keys`` subcommand.
-- `cli_services`: the ``secagg-roc aggregator``, ``site`` and ``analyze`` subcommands;
-  `site_check`: ``secagg-roc site check``.
+- `tls_errors`: what a TLS failure means for the operator who must fix it.
+- `revocation`: the study's revocation list (``crl.pem``) and the aggregators' check of it.
+- `cli_keys`: the ``secagg-roc keys`` subcommand (and ``keys add``, ``keys revoke``).
+- `cli_services`: the ``secagg-roc aggregator`` and ``site`` subcommands;
+  `site_check`: ``secagg-roc site check``; `cli_analyze`: ``secagg-roc analyze``;
+  `cli_status`: ``secagg-roc status``.
+- `site_presence`: which sites an aggregator hears from, and when.
+- `link_log`: what a site logs about its link to each aggregator (a change, not every retry).
 - `aggregator_state`: what an aggregator holds (no I/O), and the replay of its log.
 - `aggregator_service`: the aggregator process (HTTPS, aiohttp) around that state.
 - `site_data`: a site's records from its CSV or ``.npz`` file.

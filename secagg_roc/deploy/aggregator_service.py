@@ -26,7 +26,10 @@ does, and adds what a deployment needs around it:
   opened is abandoned (logged, and its number is never reused; its run
   fails), so failed rounds do not hold ``max_open_rounds`` slots for ever.
   The analyst stops waiting at ``round_timeout_s``; the extra time lets its
-  close arrive.
+  close arrive;
+- at the default log level: failed TLS handshakes (`tls_errors`), revoked
+  certificates (`revocation`, ``crl.pem``), a site running two agents and
+  when each site last polled (`site_presence`, ``/v1/presence``).
 
 `AggregatorState` (`aggregator_state`) is the part without I/O (the log
 replays through it); `AggregatorService` is the HTTP and persistence shell
@@ -43,7 +46,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
-from ..errors import MessageError, SecAggError
+from ..errors import ConfigError, MessageError, SecAggError
 from ..messages import (
     CloseRound,
     ErrorReply,
@@ -64,13 +67,18 @@ from .http_protocol import (
     RequestTooLarge,
     error_reply,
     pack_feed,
+    float_param,
+    int_param,
     pack_frames,
     status_for,
 )
-from .party_process import announce, stop_event
+from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
+from .revocation import RevocationList
+from .site_presence import SitePresence
 from .store import Store
 from .tls import AuthError, authorize, peer_identity, server_ssl_context
+from .tls_errors import log_failed_handshakes
 
 __all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S", "ABANDON_FACTOR", "RETAIN_RELEASED"]
 
@@ -109,6 +117,8 @@ class AggregatorService:
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task | None = None
         self._stopping = False
+        self.revocations = RevocationList(config.ca_crl, config.ca_cert)
+        self.presence = SitePresence(self.state.sites, log)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -124,6 +134,7 @@ class AggregatorService:
         if self.store is None:
             await asyncio.get_running_loop().run_in_executor(self._db, self.open_store)
         ssl_ctx = server_ssl_context(self.config.ca_cert, self.agg_config.cert, self.agg_config.key)
+        log_failed_handshakes(ssl_ctx, log)
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors])
         app.router.add_post("/v1/message", self._message)
         app.router.add_post("/v1/status", self._status)
@@ -131,11 +142,16 @@ class AggregatorService:
         app.router.add_post("/v1/refusal", self._refusal)
         app.router.add_get("/v1/feed", self._feed)
         app.router.add_get("/v1/info", self._info)
+        app.router.add_get("/v1/presence", self._presence)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.agg_config.host, self.agg_config.port, ssl_context=ssl_ctx, backlog=256,
-                           shutdown_timeout=2.0)
-        await site.start()
+        host, port = self.agg_config.listen
+        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, shutdown_timeout=2.0)
+        try:
+            await site.start()
+        except OSError as exc:
+            await self._runner.cleanup()
+            raise ConfigError(listen_problem(f"aggregator {self.name!r}", host, port, exc)) from None
         self._janitor = asyncio.create_task(self._abandon_expired())
         return self.agg_config.url
 
@@ -177,7 +193,12 @@ class AggregatorService:
     def _peer(self, request: web.Request, roles: frozenset[str]) -> PartyIdentity:
         transport = request.transport
         ssl_object = transport.get_extra_info("ssl_object") if transport is not None else None
-        return authorize(peer_identity(ssl_object), self.config.study_id, roles, self.known)
+        peer = authorize(peer_identity(ssl_object), self.config.study_id, roles, self.known)
+        if self.revocations.is_revoked(ssl_object.getpeercert(binary_form=True)):
+            raise AuthError(f"the certificate of {peer.role} {peer.name!r} was revoked by the study's coordinator "
+                            f"({self.config.ca_crl.name if self.config.ca_crl else 'crl.pem'}); "
+                            f"it gets no access (new keys: secagg-roc keys add {peer.name} --replace)")
+        return peer
 
     async def _body(self, request: web.Request) -> bytes:
         limit = self.config.max_body_bytes
@@ -239,8 +260,12 @@ class AggregatorService:
             await asyncio.sleep(period)
             try:
                 for number in self.state.expired(time.time(), timeout):
+                    query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(
+                        self.state.answered(number))
                     await self._apply("abandon", None, b"", number=number)
-                    log.info("round %d abandoned: still open %.0f s after it opened", number, ABANDON_FACTOR * timeout)
+                    log.info("round %d (%s) dropped: the analyst did not close it within %.0f s (its run failed or "
+                             "was stopped; %d site(s) had answered); nothing of it is released", number, query,
+                             ABANDON_FACTOR * timeout, answered)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -270,7 +295,7 @@ class AggregatorService:
 
     async def _status(self, request: web.Request) -> web.Response:
         self._peer(request, _ANALYST)
-        wait = _float_param(request, "wait", 0.0)
+        wait = float_param(request, "wait", 0.0)
         message = decode(await self._body(request))
         if not isinstance(message, StatusRequest):
             raise MessageError(f"/v1/status takes a StatusRequest, not {message.kind}")
@@ -283,7 +308,7 @@ class AggregatorService:
 
     async def _release(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _SITE)
-        wait = _float_param(request, "wait", 0.0)
+        wait = float_param(request, "wait", 0.0)
         message = decode(await self._body(request))
         if not isinstance(message, StatusRequest):
             raise MessageError(f"/v1/release takes a StatusRequest, not {message.kind}")
@@ -305,11 +330,21 @@ class AggregatorService:
 
     async def _feed(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _SITE)
-        since = _int_param(request, "since", 0)
-        wait = _float_param(request, "wait", 0.0)
-        await self._wait(lambda: bool(self.state.feed_for(peer.name, since)[1]), wait)
-        next_since, entries = self.state.feed_for(peer.name, since)
+        since = int_param(request, "since", 0)
+        wait = float_param(request, "wait", 0.0)
+        site = peer.name
+        self.presence.poll_started(site)
+        try:
+            await self._wait(lambda: bool(self.state.feed_for(site, since)[1]), wait)
+        finally:
+            self.presence.poll_ended(site)
+        next_since, entries = self.state.feed_for(site, since)
         return web.Response(body=b"".join(pack_feed(next_since, entries)), content_type=FEED_TYPE)
+
+    async def _presence(self, request: web.Request) -> web.Response:
+        # Which sites are connected is the operators' and the analyst's business, not the other sites'.
+        self._peer(request, _ANALYST | {"aggregator"})
+        return web.json_response(self.presence.report())
 
     async def _info(self, request: web.Request) -> web.Response:
         self._peer(request, _ANY)
@@ -334,32 +369,6 @@ def _frames(messages: list[Message]) -> web.Response:
     return web.Response(body=b"".join(pack_frames(messages)), content_type=FRAMES_TYPE)
 
 
-def _int_param(request: web.Request, key: str, default: int | None = None) -> int:
-    raw = request.query.get(key)
-    if raw is None:
-        if default is None:
-            raise MessageError(f"query parameter {key!r} is missing")
-        return default
-    if not raw.isdigit() or len(raw) > 19:
-        raise MessageError(f"query parameter {key}={raw[:40]!r} is not a non-negative integer")
-    return int(raw)
-
-
-def _float_param(request: web.Request, key: str, default: float) -> float:
-    raw = request.query.get(key)
-    if raw is None:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise MessageError(f"query parameter {key}={raw[:40]!r} is not a number") from None
-    if not 0.0 <= value <= 3600.0:
-        raise MessageError(f"query parameter {key}={value} outside 0..3600")
-    return value
-
-
-
-
 def run_aggregator(
     config: StudyConfig | str,
     name: str,
@@ -371,17 +380,21 @@ def run_aggregator(
     """Serve aggregator `name` until SIGINT, SIGTERM or (with `stop_on_eof`) EOF on stdin."""
     if not isinstance(config, StudyConfig):
         config = load_study(config)
+    service = AggregatorService(config, name, synchronous=synchronous)  # ConfigError for an unknown name
+    hold_lock(service.agg_config.database, "aggregator", name)
 
     async def main() -> None:
-        service = AggregatorService(config, name, synchronous=synchronous)
         url = await service.start()
         stop = stop_event(stop_on_eof=stop_on_eof)
+        host, port = service.agg_config.listen
+        where = url if (host, port) == (service.agg_config.host, service.agg_config.port) else f"{host}:{port} (reached as {url})"
         announce(
-            f"aggregator {name!r} of study {config.study_id!r} listening on {url} "
+            f"aggregator {name!r} of study {config.study_id!r} listening on {where} "
             f"({service.replayed} logged entries replayed from {service.agg_config.database})",
             ready,
         )
         await stop.wait()
         await service.stop()
+        log.info("aggregator %r stopped", name)
 
     asyncio.run(main())

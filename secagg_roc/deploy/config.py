@@ -20,6 +20,8 @@ Who keeps which file secret (the layout `create_study_keys` and
     data/<site>.csv            SECRET   a site's records; never leave the site
 
 Party names start with a letter or digit, so no party can be called ``_ca``.
+The operators' guide to this file, with an example that runs as written, is
+``docs/study-file.md``; the example below shows every key.
 
 Example (every key of the schema; the ones marked optional show their default)::
 
@@ -27,6 +29,7 @@ Example (every key of the schema; the ones marked optional show their default)::
     id = "gbsg2-validation"         # [A-Za-z0-9][A-Za-z0-9_.-]{0,63}, bound into certificates
     ca_cert = "ca.pem"              # optional
     ca_key = "keys/_ca/key.pem"     # optional; read only by `secagg-roc keys`
+    ca_crl = "crl.pem"              # optional: revoked certificates (`secagg-roc keys revoke`)
     privacy_level = 5               # optional: q, the fewest records a release may cover
     min_sites = 2                   # optional: the fewest sites a release may cover (>= 2)
     frac_bits = 32                  # optional: fixed-point fraction bits in Z_2^64
@@ -36,8 +39,10 @@ Example (every key of the schema; the ones marked optional show their default)::
 
     [[aggregators]]
     name = "agg-1"
-    host = "127.0.0.1"              # a host name or an IP address the aggregator listens on
+    host = "127.0.0.1"              # the host name or IP address the others connect to
     port = 8441
+    bind = "127.0.0.1"              # optional (default: host): the address it listens on (NAT: "0.0.0.0")
+    bind_port = 8441                # optional (default: port): the port it listens on
     cert = "keys/agg-1/cert.pem"    # optional
     key = "keys/agg-1/key.pem"      # optional
     database = "state/agg-1.sqlite" # optional

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from .config_policy import read_policy
 from .config_schema import (
     DEFAULT_CA_CERT,
+    DEFAULT_CA_CRL,
     DEFAULT_CA_KEY,
     DEFAULT_MAX_BODY_BYTES,
     NAME_RULE,
@@ -86,6 +87,7 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     study_id = s.name("id")
     ca_cert = s.path("ca_cert", DEFAULT_CA_CERT)
     ca_key = s.path("ca_key", DEFAULT_CA_KEY)
+    ca_crl = s.path("ca_crl", DEFAULT_CA_CRL)
     q = s.integer("privacy_level", 5, lo=1)
     min_sites = s.integer("min_sites", 2, lo=2)
     frac_bits = s.integer("frac_bits", 32, lo=0, hi=62)
@@ -101,10 +103,15 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
         if not is_valid_host(host):
             raise t.error(f"{host!r} is neither a host name nor an IP address", "host")
         port = t.integer("port", REQUIRED, lo=1, hi=65535)
+        # Where the process listens, when it differs from the advertised host and port (NAT, containers).
+        bind = t.string("bind") if t.has("bind") else None
+        if bind is not None and not is_valid_host(bind):
+            raise t.error(f"{bind!r} is neither a host name nor an IP address to listen on", "bind")
+        bind_port = t.integer("bind_port", REQUIRED, lo=1, hi=65535) if t.has("bind_port") else None
         cert, key = _key_pair(t, name)
         database = t.path("database", f"state/{name}.sqlite")
         t.finish()
-        aggregators.append(AggregatorConfig(name, host, port, cert, key, database))
+        aggregators.append(AggregatorConfig(name, host, port, cert, key, database, bind, bind_port))
 
     sites = []
     for t in array_of_tables(top, "sites"):
@@ -154,7 +161,7 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
         endpoints[host, agg.port] = f"aggregators[{i}]"
 
     files: dict[Path, str] = {}
-    owned = [("study.ca_cert", ca_cert), ("study.ca_key", ca_key)]
+    owned = [("study.ca_cert", ca_cert), ("study.ca_key", ca_key), ("study.ca_crl", ca_crl)]
     for label, p in labelled:
         owned += [(f"{label}.cert", p.cert), (f"{label}.key", p.key)]
         if isinstance(p, AggregatorConfig):
@@ -167,7 +174,7 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
 
     return StudyConfig(study_id, ca_cert, ca_key, tuple(aggregators), tuple(sites), analyst,
                        q, min_sites, frac_bits, round_timeout_s, max_body_bytes,
-                       max_open_rounds, policy, source)
+                       max_open_rounds, policy, ca_crl, source=source)
 
 
 def load_study(path: str | os.PathLike[str]) -> StudyConfig:

@@ -24,6 +24,7 @@ __all__ = [
     "DEFAULT_MAX_BODY_BYTES",
     "DEFAULT_CA_CERT",
     "DEFAULT_CA_KEY",
+    "DEFAULT_CA_CRL",
     "STUDY_FILE_NAME",
     "ColumnMap",
     "AggregatorConfig",
@@ -32,6 +33,7 @@ __all__ = [
     "Party",
     "StudyConfig",
     "is_valid_name",
+    "with_article",
     "is_valid_host",
     "is_loopback_host",
 ]
@@ -50,7 +52,13 @@ _HOST_LABEL_RE = re.compile(r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)\Z")
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_CA_CERT = "ca.pem"
 DEFAULT_CA_KEY = "keys/_ca/key.pem"
+DEFAULT_CA_CRL = "crl.pem"
 STUDY_FILE_NAME = "study.toml"
+
+
+def with_article(role: str) -> str:
+    """ "an aggregator", "a site", "an analyst": a role in a sentence."""
+    return f"{'an' if role[:1] in ('a', 'e', 'i', 'o', 'u') else 'a'} {role}"
 
 
 def is_valid_name(name: object) -> bool:
@@ -119,7 +127,13 @@ class ColumnMap(Mapping[str, Union[str, tuple[str, ...]]]):
 
 @dataclass(frozen=True)
 class AggregatorConfig:
-    """One aggregator: where it listens, its key pair and its (secret) share database."""
+    """One aggregator: where the others reach it, where it listens, its key pair and its (secret) share database.
+
+    `host` and `port` are the advertised address: what sites and the analyst
+    connect to and what its certificate names. `bind` and `bind_port` are
+    where the process listens, when that differs (NAT, a container:
+    ``bind = "0.0.0.0"``); by default the advertised ones.
+    """
 
     role: ClassVar[str] = "aggregator"
     name: str
@@ -128,12 +142,19 @@ class AggregatorConfig:
     cert: Path
     key: Path
     database: Path
+    bind: str | None = None
+    bind_port: int | None = None
 
     @property
     def url(self) -> str:
-        """The aggregator's base URL (IPv6 addresses in brackets)."""
+        """The aggregator's advertised base URL (IPv6 addresses in brackets)."""
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"https://{host}:{self.port}"
+
+    @property
+    def listen(self) -> tuple[str, int]:
+        """Where the aggregator's process listens: (bind or host, bind_port or port)."""
+        return (self.bind or self.host, self.bind_port or self.port)
 
 
 @dataclass(frozen=True)
@@ -180,6 +201,8 @@ class StudyConfig:
     max_open_rounds: int = 16
     #: The sites' privacy policy (the ``[policy]`` table); its q and min_sites are the two fields above.
     policy: Policy | None = None
+    #: The study CA's list of revoked certificates (``secagg-roc keys revoke``); aggregators refuse them.
+    ca_crl: Path | None = None
     # The file it was read from: for messages and for writing relative paths; not part of equality.
     source: Path | None = field(default=None, compare=False, repr=False)
 

@@ -1,23 +1,22 @@
 """Writing a study file: `write_study` (validated, atomic), and `loopback_study` for one machine.
 
 Run by the coordinator who sets up a study (``LocalCluster``, the demo and the
-tests use `loopback_study`). `tomllib` only reads, so `dumps_study` emits TOML
-itself, covering exactly the study schema; a study is validated with
-`config_read.parse_study` before it is written, so a study file on disk is
-always loadable.
+tests use `loopback_study`). `tomllib` only reads; `dumps_study` writes with
+tomli-w (the [deploy] extra, as everything that writes a study file is part of
+a deployment); a study is validated with `config_read.parse_study` before it is
+written, so a study file on disk is always loadable.
 """
 
 from __future__ import annotations
 
-import math
 import os
-import re
 import socket
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError
+from ..extras import MissingExtra
 from ..policy import Policy
 from .config_policy import POLICY_IN_STUDY, policy_table
 from .config_read import parse_study
@@ -41,6 +40,7 @@ def study_to_dict(config: StudyConfig, base_dir: str | os.PathLike[str]) -> dict
         "id": config.study_id,
         "ca_cert": _rel(config.ca_cert, base),
         "ca_key": _rel(config.ca_key, base),
+        **({"ca_crl": _rel(config.ca_crl, base)} if config.ca_crl is not None else {}),
         "privacy_level": config.privacy_level,
         "min_sites": config.min_sites,
         "frac_bits": config.frac_bits,
@@ -50,7 +50,9 @@ def study_to_dict(config: StudyConfig, base_dir: str | os.PathLike[str]) -> dict
     }
     aggregators = [
         {"name": a.name, "host": a.host, "port": a.port, "cert": _rel(a.cert, base),
-         "key": _rel(a.key, base), "database": _rel(a.database, base)}
+         "key": _rel(a.key, base), "database": _rel(a.database, base),
+         **({"bind": a.bind} if a.bind is not None else {}),
+         **({"bind_port": a.bind_port} if a.bind_port is not None else {})}
         for a in config.aggregators
     ]
     sites = []
@@ -69,44 +71,6 @@ def study_to_dict(config: StudyConfig, base_dir: str | os.PathLike[str]) -> dict
 
 
 
-_BARE_KEY_RE = re.compile(r"[A-Za-z0-9_-]+\Z")
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r"}
-
-
-def _toml_string(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in _ESCAPES:
-            out.append(_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:  # other control characters are not allowed raw
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_key(k: str) -> str:
-    return k if _BARE_KEY_RE.match(k) else _toml_string(k)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if not math.isfinite(v):
-            raise ConfigError(f"cannot write the non-finite number {v} to a study file")
-        return repr(v)  # repr keeps a '.' or an exponent, so TOML reads it back as a float
-    if isinstance(v, (str, Path)):
-        return _toml_string(str(v))
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{ " + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise ConfigError(f"cannot write a {type(v).__name__} to a study file")
-
-
 _HEADER = """\
 # secagg-roc study definition. PUBLIC: every party gets the same copy.
 # Secret files it points to: keys/<party>/key.pem (only that party), keys/_ca/key.pem
@@ -115,24 +79,16 @@ _HEADER = """\
 
 
 def dumps_study(config: StudyConfig, base_dir: str | os.PathLike[str]) -> str:
-    """The study file text for `config`, paths relative to `base_dir` where they lie inside it."""
+    """The study file text for `config`, paths relative to `base_dir` where they lie inside it (needs tomli-w)."""
+    try:
+        import tomli_w
+    except ImportError:
+        raise MissingExtra("writing a study file needs tomli-w, part of the [deploy] extra: "
+                           "pip install 'secagg-roc[deploy]'") from None
     d = study_to_dict(config, base_dir)
-    lines = [_HEADER, "[study]"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["study"].items()]
-    for section in ("aggregators", "sites"):
-        for table in d[section]:
-            lines += ["", f"[[{section}]]"]
-            lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
-    lines += ["", "[analyst]"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d["analyst"].items()]
-    policy = d.get("policy") or {}
-    subtables = {k: v for k, v in policy.items() if isinstance(v, Mapping)}
-    lines += ["", "# The sites' privacy policy; q and min_sites are the [study] keys above.", "[policy]"]
-    lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in policy.items() if k not in subtables]
-    for name, table in subtables.items():
-        lines += ["", f"[policy.{_toml_key(name)}]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
+    if not d["policy"]:
+        del d["policy"]  # the default policy: no empty [policy] table
+    return _HEADER + "\n" + tomli_w.dumps(d)
 
 
 def write_study(config: StudyConfig | Mapping[str, Any], path: str | os.PathLike[str]) -> StudyConfig:

@@ -19,6 +19,7 @@ from typing import Any
 from .config_schema import AggregatorConfig
 from .http_protocol import Response, TransportError
 from .tls import AuthError, authorize, peer_identity
+from .tls_errors import explain_client
 
 __all__ = ["BulkConnections", "BlockingConnection", "is_tls_alert"]
 
@@ -66,7 +67,9 @@ class BulkConnections:
         *,
         max_response_bytes: int,
         connect_timeout: float,
+        ca_file: object = "the study's ca.pem",
     ):
+        self.ca_file = ca_file
         self.config = config
         self.name = config.name
         self.study_id = study_id
@@ -76,6 +79,20 @@ class BulkConnections:
         self._lock = threading.Lock()
         self._idle: list[BlockingConnection] = []
         self._busy: set[BlockingConnection] = set()
+
+    def connect_error(self, exc: BaseException) -> Exception:
+        """The error for a failed connection to the aggregator: `AuthError` with its fix for TLS
+        problems (they do not go away by retrying), `TransportError` (retried) for the rest."""
+        who = f"aggregator {self.name!r} at {self.config.url}"
+        hint = explain_client(exc, who, self.ca_file)
+        if hint is not None:
+            return AuthError(hint)
+        if isinstance(exc, (TimeoutError, socket.timeout)) or type(exc).__name__ == "TimeoutError":
+            reason = f"no answer within {self.connect_timeout:g} s"
+        else:
+            reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        return TransportError(f"cannot reach {who}: {reason} (is it running, and are host and port in the "
+                              "study file right?)")
 
     @property
     def idle_count(self) -> int:
@@ -108,14 +125,14 @@ class BulkConnections:
                 keep = not resp.will_close
             except ssl.SSLCertVerificationError as exc:
                 conn.close()
-                raise AuthError(f"aggregator {self.name!r} at {self.config.url}: certificate not accepted: {exc}") from None
+                raise self.connect_error(exc) from None
             except AuthError:
                 conn.close()
                 raise
             except (OSError, ssl.SSLError, http.client.HTTPException) as exc:
                 conn.close()
                 if is_tls_alert(exc):
-                    raise AuthError(f"aggregator {self.name!r} refused this party's certificate: {exc}") from None
+                    raise self.connect_error(exc) from None
                 if reused and attempt == 0 and not isinstance(exc, TimeoutError):
                     continue  # the server closed an idle keep-alive connection: try a fresh one
                 what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {exc or type(exc).__name__}"

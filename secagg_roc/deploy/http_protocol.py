@@ -24,6 +24,9 @@ checked from the peer's certificate on every request)::
                          rounds only to the run's contributors); long-polls when there are none
     GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number,
                          open_rounds, policy (the digest of the [policy] it enforces)
+    GET  /v1/presence    analyst or aggregator; JSON: per site, whether its agent is polling the
+                         feed now ("polling") and seconds since it last did ("last_seen_s",
+                         null: never since this aggregator started)
 
 Errors are an `ErrorReply` message (binary) with the HTTP status of its class
 (`status_for`); `raise_for_reply` turns it back into the same exception class
@@ -69,6 +72,8 @@ __all__ = [
     "pack_feed",
     "unpack_feed",
     "Response",
+    "int_param",
+    "float_param",
 ]
 
 MESSAGE_TYPE = "application/x-secagg-message"
@@ -242,3 +247,31 @@ class Response:
     headers: dict[str, str]
     body: bytes
 
+
+# --------------------------------------------------------------------------- query parameters
+
+
+def int_param(request: Any, key: str, default: int | None = None) -> int:
+    """Query parameter `key` of an aggregator's request as a non-negative integer (`MessageError` if not)."""
+    raw = request.query.get(key)
+    if raw is None:
+        if default is None:
+            raise MessageError(f"query parameter {key!r} is missing")
+        return default
+    if not raw.isdigit() or len(raw) > 19:
+        raise MessageError(f"query parameter {key}={raw[:40]!r} is not a non-negative integer")
+    return int(raw)
+
+
+def float_param(request: Any, key: str, default: float) -> float:
+    """Query parameter `key` as seconds in 0..3600 (`MessageError` if not)."""
+    raw = request.query.get(key)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise MessageError(f"query parameter {key}={raw[:40]!r} is not a number") from None
+    if not 0.0 <= value <= 3600.0:
+        raise MessageError(f"query parameter {key}={value} outside 0..3600")
+    return value

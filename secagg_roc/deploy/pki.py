@@ -35,6 +35,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from ..errors import ConfigError
 from .config_read import load_study
 from .config_schema import NAME_PATTERN, ROLES, StudyConfig, is_loopback_host
+from .revocation import revoke_serial, write_crl
 
 __all__ = [
     "URI_SCHEME",
@@ -44,6 +45,8 @@ __all__ = [
     "identity_uri",
     "party_identity",
     "create_study_keys",
+    "add_party_keys",
+    "revoke_party",
     "load_certificate",
 ]
 
@@ -122,14 +125,16 @@ class IssuedParty:
 
 @dataclass(frozen=True)
 class IssuedKeys:
-    """What `create_study_keys` wrote: the CA and, per party, a certificate and a private key."""
+    """What `create_study_keys` wrote: the CA, its (empty) revocation list and, per party, a certificate and a key."""
 
     ca_cert: Path
     ca_key: Path
     parties: tuple[IssuedParty, ...]
+    ca_crl: Path | None = None
 
     def files(self) -> tuple[Path, ...]:
-        return (self.ca_cert, self.ca_key, *(f for p in self.parties for f in (p.cert, p.key)))
+        crl = () if self.ca_crl is None else (self.ca_crl,)
+        return (self.ca_cert, self.ca_key, *crl, *(f for p in self.parties for f in (p.cert, p.key)))
 
 
 def _now() -> dt.datetime:
@@ -269,6 +274,8 @@ def create_study_keys(study: StudyConfig | str | os.PathLike[str],
     """
     config = study if isinstance(study, StudyConfig) else load_study(study)
     plan = [("ca", "ca_cert", config.ca_cert), ("ca", "ca_key", config.ca_key)]
+    if config.ca_crl is not None:
+        plan.append(("ca", "ca_crl", config.ca_crl))
     for p in config.parties():
         plan += [(p.name, "cert", p.cert), (p.name, "key", p.key)]
 
@@ -288,14 +295,18 @@ def create_study_keys(study: StudyConfig | str | os.PathLike[str],
     if not force:
         existing = [str(path) for _, _, path in plan if os.path.lexists(path)]
         if existing:
-            raise ConfigError("refusing to overwrite existing key material (use force=True / "
-                              "--force to replace ALL study keys): " + ", ".join(existing))
+            raise ConfigError("refusing to overwrite existing key material: " + ", ".join(existing)
+                              + ". For a party added to the study file since, run `secagg-roc keys add NAME`; "
+                              "--force (force=True) replaces ALL study keys and every party needs its new files")
 
     paths = iter(path for _, _, path in plan)
     ca_cert_path, ca_key_path = next(paths), next(paths)
+    crl_path = next(paths) if config.ca_crl is not None else None
     ca_key, ca_cert = _make_ca(config.study_id)
     _write(ca_key_path, _key_pem(ca_key), secret=True, force=force)
     _write(ca_cert_path, _cert_pem(ca_cert), secret=False, force=force)
+    if crl_path is not None:
+        write_crl(crl_path, ca_key, ca_cert, {})
 
     issued = []
     for p in config.parties():
@@ -305,4 +316,62 @@ def create_study_keys(study: StudyConfig | str | os.PathLike[str],
         _write(key_path, _key_pem(key), secret=True, force=force)
         _write(cert_path, _cert_pem(cert), secret=False, force=force)
         issued.append(IssuedParty(p.role, p.name, cert_path, key_path))
-    return IssuedKeys(ca_cert_path, ca_key_path, tuple(issued))
+    return IssuedKeys(ca_cert_path, ca_key_path, tuple(issued), crl_path)
+
+
+def _load_ca(config: StudyConfig) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """The study CA's key and certificate, from the files the study file names (the coordinator's machine)."""
+    try:
+        ca_cert = load_certificate(config.ca_cert.read_bytes())
+        ca_key = serialization.load_pem_private_key(config.ca_key.read_bytes(), password=None)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{exc.filename} not found: issuing or revoking a certificate needs the study CA "
+                          "(ca.pem and keys/_ca/key.pem, on the coordinator's machine); make them once with "
+                          "`secagg-roc keys`") from None
+    except ValueError as exc:
+        raise ConfigError(f"{config.ca_key}: not the study CA's private key: {exc}") from None
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey) or ca_key.public_key() != ca_cert.public_key():
+        raise ConfigError(f"{config.ca_key} is not the private key of the CA certificate {config.ca_cert}")
+    return ca_key, ca_cert
+
+
+def add_party_keys(study: StudyConfig | str | os.PathLike[str], name: str, *, replace: bool = False) -> IssuedParty:
+    """Issue a key and certificate for party `name` with the existing study CA (run by the coordinator).
+
+    For a party added to the study file after the keys were made, or with
+    `replace` to give one party new keys (after ``revoke_party``, a lost key or
+    a changed host); no other party's files change. Existing files are never
+    replaced without `replace`.
+    """
+    config = study if isinstance(study, StudyConfig) else load_study(study)
+    party = config.party(name)
+    existing = [str(f) for f in (party.cert, party.key) if os.path.lexists(f)]
+    if existing and not replace:
+        raise ConfigError(f"{name!r} already has keys ({', '.join(existing)}); to give it new ones, revoke the old "
+                          f"certificate (`secagg-roc keys revoke {name}`) and add --replace")
+    ca_key, ca_cert = _load_ca(config)
+    key, cert = _issue(ca_key, ca_cert, config.study_id, party.role, party.name, getattr(party, "host", None))
+    _write(party.key, _key_pem(key), secret=True, force=True)
+    _write(party.cert, _cert_pem(cert), secret=False, force=True)
+    return IssuedParty(party.role, party.name, party.cert, party.key)
+
+
+def revoke_party(study: StudyConfig | str | os.PathLike[str], name: str) -> tuple[int, Path, bool]:
+    """Put party `name`'s current certificate on the study's revocation list (run by the coordinator).
+
+    Returns (its serial number, the list's file, False if it was revoked already).
+    """
+    config = study if isinstance(study, StudyConfig) else load_study(study)
+    party = config.party(name)
+    if config.ca_crl is None:
+        raise ConfigError("the study file names no revocation list (study.ca_crl)")
+    ca_key, ca_cert = _load_ca(config)
+    try:
+        cert = load_certificate(party.cert.read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"{party.cert} not found: the certificate to revoke is the one `secagg-roc keys` "
+                          f"issued for {name!r}") from None
+    if cert.issuer != ca_cert.subject:
+        raise ConfigError(f"{party.cert} was not issued by this study's CA {config.ca_cert}; nothing to revoke")
+    new = revoke_serial(config.ca_crl, ca_key, ca_cert, cert.serial_number)
+    return cert.serial_number, config.ca_crl, new

@@ -63,9 +63,10 @@ from ..sharing import make_scheme
 from ..study import Study, Totals
 from .aggregator_state import SCHEME
 from .config_read import load_study
-from .config_schema import AnalystConfig, StudyConfig
+from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient, retry
-from .http_protocol import ServiceError, exception_for
+from .http_protocol import ServiceError, TransportError, exception_for
+from .site_presence import connected
 from .tls import client_ssl_context
 
 __all__ = ["RemoteStudy"]
@@ -99,7 +100,7 @@ class RemoteStudy(Study):
         self.config = study if isinstance(study, StudyConfig) else load_study(study)
         party = self.config.analyst if analyst is None else self.config.party(analyst)
         if not isinstance(party, AnalystConfig):
-            raise ConfigError(f"{party.name!r} is a {party.role} of study {self.config.study_id!r}, not the analyst")
+            raise ConfigError(f"{party.name!r} is {with_article(party.role)} of study {self.config.study_id!r}, not the analyst")
         self.study_id = self.config.study_id
         self.sites = tuple(s.name for s in self.config.sites)
         #: The sites' policy, from the study file's [policy] (q and min_sites from [study]).
@@ -112,13 +113,16 @@ class RemoteStudy(Study):
         # Aggregate shares are as large as the largest share a site may send.
         limit = 4 * self.config.max_body_bytes + (1 << 20)
         self.clients = [
-            AggregatorClient(a, self.study_id, ctx, max_response_bytes=limit, connect_timeout=connect_timeout)
+            AggregatorClient(a, self.study_id, ctx, max_response_bytes=limit, connect_timeout=connect_timeout,
+                             ca_file=self.config.ca_cert)
             for a in self.config.aggregators
         ]
         #: (query name, round number, seconds, contributors) of every round this client ran.
         self.history: list[tuple[str, int, float, tuple[str, ...]]] = []
         #: Seconds per step of every round: open, wait (for the sites), close, combine.
         self.timings: list[dict[str, float]] = []
+        #: Called with (query name, round number) after every round (progress bars).
+        self.on_round: Callable[[str, int], None] | None = None
         #: run -> its contributors, from the run's join release (whom its later rounds wait for).
         self._members: dict[str, tuple[str, ...]] = {}
         self._next_number: int | None = None
@@ -141,6 +145,50 @@ class RemoteStudy(Study):
         if lookup(query).release != "dp":
             raise SiteQueryError(f"query {query!r} is not declared differentially private; use aggregate()")
         return self._call(self._round(query, params, None))
+
+    def covariate_names(self, arrays: list[str]) -> list[str] | None:
+        """The CSV columns behind covariate `arrays` (a 1-D array keeps its own name), if every site maps them alike."""
+        maps = {tuple(s.columns.get(a) for a in arrays) for s in self.config.sites}
+        if len(maps) != 1:
+            return None
+        (cols,) = maps
+        if any(c is None for c in cols) or all(isinstance(c, str) for c in cols):
+            return None  # unknown arrays, or 1-D arrays only: their own names are the best
+        return [n for a, c in zip(arrays, cols) for n in ([a] if isinstance(c, str) else c)]
+
+    def preflight(self, timeout: float = 5.0) -> list[str]:
+        """Run by the Analyst before a run: every aggregator answers and every site follows them, within seconds.
+
+        Raises `TransportError` naming an aggregator that does not answer, and
+        one naming a site whose agent no aggregator has heard from recently
+        (unless the policy allows dropouts: then that is a returned warning).
+        """
+        return self._call(self._preflight(timeout))
+
+    async def _preflight(self, timeout: float) -> list[str]:
+        async def ask(client: AggregatorClient) -> dict[str, Any]:
+            try:
+                info = await asyncio.wait_for(client.info(), timeout)
+                info["sites_seen"] = await asyncio.wait_for(client.presence(), timeout)
+                return info
+            except asyncio.TimeoutError:
+                raise TransportError(f"aggregator {client.name!r} at {client.config.url} did not answer within "
+                                     f"{timeout:g} s") from None
+
+        infos = await asyncio.gather(*(ask(c) for c in self.clients), return_exceptions=True)
+        for client, info in zip(self.clients, infos):
+            if isinstance(info, BaseException) and not isinstance(info, TransportError):
+                raise info  # a certificate or configuration problem says what to fix itself
+            if isinstance(info, BaseException):
+                raise TransportError(f"{info} -- every aggregator must be running before an analysis "
+                                     f"(`secagg-roc status --study {self.config.source or 'study.toml'}` shows who "
+                                     "is up)") from None
+        self._sync(infos)  # type: ignore[arg-type]
+        study_file = self.config.source.name if self.config.source is not None else "study.toml"
+        problems = absent_sites(self.clients, infos, self.sites, study_file)  # type: ignore[arg-type]
+        if problems and not self.policy.allow_dropouts:
+            raise TransportError(f"{problems[0]}; the policy allows no dropouts, so no analysis can run without it")
+        return problems
 
     def info(self) -> list[dict[str, Any]]:
         """Every aggregator's /v1/info (a quick check that the deployment is up; it also syncs the round numbers)."""
@@ -322,4 +370,25 @@ class RemoteStudy(Study):
         self.timings.append(
             {"open": opened - started, "wait": waited - opened, "close": closed - waited, "combine": done - closed}
         )
+        if self.on_round is not None:
+            self.on_round(name, rid.number)
         return result
+
+
+def absent_sites(clients: list[AggregatorClient], infos: list[dict[str, Any]], sites: tuple[str, ...],
+                 study_file: str = "study.toml") -> list[str]:
+    """Why each site whose agent some aggregator has not heard from recently is absent (for `preflight`)."""
+    out = []
+    for site in sites:
+        for client, info in zip(clients, infos):
+            if "sites_seen" not in info:
+                continue  # an aggregator of an older version reports nothing: no claim either way
+            seen = info["sites_seen"].get(site) or {}
+            if connected(seen):
+                continue
+            when = ("never since it started" if seen.get("last_seen_s") is None
+                    else f"last {seen['last_seen_s']:.0f} s ago")
+            out.append(f"site {site!r} is not connected to aggregator {client.name!r} (heard from {when}): its "
+                       f"agent must run (secagg-roc site --study {study_file} --name {site}) and reach {client.config.url}")
+            break
+    return out

@@ -43,16 +43,18 @@ import logging
 import os
 from typing import Callable
 
-from ..errors import MessageError, SecAggError
+from ..errors import ConfigError, MessageError, SecAggError
 from ..messages import AggregateShare, ErrorReply, ForwardedShares, InputShare, Message, Query, StatusRequest
 from ..queries.run import JOIN
 from .aggregator_state import ABANDON_FACTOR
 from .config_read import load_study
-from .config_schema import StudyConfig
+from .config_schema import SiteConfig, StudyConfig, with_article
 from .http import AggregatorClient
 from .http_protocol import FeedEntry, ServiceError, TransportError
-from .party_process import announce, stop_event
+from .link_log import LinkLog
+from .party_process import announce, hold_lock, stop_event
 from .site_answers import SiteAnswers
+from .site_check import site_check
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
 from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
@@ -104,7 +106,8 @@ class SiteAgent(SiteAnswers):
                          synchronous=synchronous)
         self.poll_wait = poll_wait
         ctx = client_ssl_context(config.ca_cert, self.party.cert, self.party.key)
-        self.clients = [AggregatorClient(a, config.study_id, ctx) for a in config.aggregators]
+        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert) for a in config.aggregators]
+        self.links = LinkLog(log)
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
@@ -138,22 +141,31 @@ class SiteAgent(SiteAnswers):
         for c in self.clients:
             await c.close()
         self.store.close()
+        log.info("site agent %r stopped", self.name)
 
     async def _follow(self, j: int) -> None:
         client = self.clients[j]
         since, delay = 0, 0.05
         while not self._stopping:
             try:
+                if client.name in self.links.failing:
+                    await client.info()  # a quick request first: the feed's long poll would say "back" only later
+                    self.links.ok(client.name)
                 next_since, entries = await client.feed(since, self.poll_wait)
             except AuthError as exc:
-                log.error("aggregator %s: %s", client.name, exc)
+                self.links.failed(client.name, str(exc), level=logging.ERROR)
                 await asyncio.sleep(5.0)  # a configuration problem: do not hammer the aggregator
                 continue
             except (TransportError, ServiceError, MessageError) as exc:
-                log.debug("feed of %s: %s", client.name, exc)
+                if self._stopping:
+                    break
+                # The first failure may be a restart's blip: tell the operator once it lasts.
+                if delay >= 0.4:
+                    self.links.failed(client.name, str(exc))
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
+            self.links.ok(client.name)
             delay = 0.05
             if next_since < since:
                 since = 0  # the aggregator's log was reset: start over (answers are idempotent)
@@ -261,7 +273,8 @@ class SiteAgent(SiteAnswers):
             shares = await asyncio.gather(*fetches)
         except SecAggError as exc:  # e.g. the round closed without this site, or was abandoned
             if isinstance(exc, TransportError):
-                log.warning("gave up fetching the release of round %d: %s", number, exc)
+                if not self._stopping:  # a stop is not a failure: the release is fetched after the restart
+                    log.warning("gave up fetching the release of round %d: %s", number, exc)
                 return
             log.info("round %d brings this site no release: %s: %s", number, type(exc).__name__, exc)
             self.settled.add(number)
@@ -330,11 +343,19 @@ def run_site(
     if not isinstance(config, StudyConfig):
         config = load_study(config)
 
+    if not isinstance(config.party(name), SiteConfig):
+        raise ConfigError(f"{name!r} is {with_article(config.party(name).role)} of study {config.study_id!r}, not a site")
+    hold_lock(state_path or default_state_path(config, name), "site agent", name)
+
     async def main() -> None:
         agent = SiteAgent(
             config, name, seed=seed, state_path=state_path, allow_non_private=allow_non_private, synchronous=synchronous
         )
         stop = stop_event(stop_on_eof=stop_on_eof)
+        report, clean = site_check(config, name, state_path=state_path)
+        if not clean:  # the operator's own log: what keeps this site out of runs, with columns and rows
+            log.warning("the site's data would keep it out of runs; fix the data file and restart the agent "
+                        "(`secagg-roc site check` prints this report):\n%s", report)
         n = {k: int(v.size if v.ndim == 1 else v.shape[0]) for k, v in agent.data.arrays.items()}
         announce(
             f"site {name!r} of study {config.study_id!r}: {max(n.values(), default=0)} records from "

@@ -52,7 +52,7 @@ from ..sharing import make_scheme
 from ..site import Site
 from ..study import site_noise_rng
 from .aggregator_state import SCHEME
-from .config_schema import SiteConfig, StudyConfig
+from .config_schema import SiteConfig, StudyConfig, with_article
 from .http_protocol import ERROR_CLASSES, pack_frames, unpack_frames
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, SPLIT_FORMAT, default_state_path, split_mismatch, split_record, split_round
@@ -123,7 +123,7 @@ class SiteAnswers:
     ):
         party = config.party(name)
         if not isinstance(party, SiteConfig):
-            raise ConfigError(f"{name!r} is a {party.role} of study {config.study_id!r}, not a site")
+            raise ConfigError(f"{name!r} is {with_article(party.role)} of study {config.study_id!r}, not a site")
         self.config = config
         self.name = name
         self.party = party
@@ -262,7 +262,8 @@ class SiteAnswers:
         rid = query.round_id
         request = StatusRequest(rid)
         self.store.append("refusal", rid.number, b"".join(pack_frames([request, reply])))
-        log.warning("refused %s (%s): %s", rid, query.name, reply.text)
+        hint = " (`secagg-roc site check` shows what in the data file keeps this site out)" if query.name == JOIN else ""
+        log.warning("refused %s (%s): %s%s", rid, query.name, reply.text, hint)
         return _Answer(rid, "refusal", [[request, reply] for _ in range(len(self.config.aggregators))])
 
     def _recreate(self, query: Query, logged: _Answer) -> _Answer:

@@ -34,14 +34,14 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
     from ..queries.checks import out_of_range, role_problems
     from ..queries.groups import label_problems, small_groups
     from .config_read import load_study
-    from .config_schema import SiteConfig
+    from .config_schema import SiteConfig, with_article
     from .site_data import load_site_data
     from .site_log import default_state_path, read_ledger
 
     config = study if not isinstance(study, (str, Path)) else load_study(study)
     party = config.party(name)
     if not isinstance(party, SiteConfig):
-        raise ConfigError(f"{name!r} is a {party.role} of study {config.study_id!r}, not a site")
+        raise ConfigError(f"{name!r} is {with_article(party.role)} of study {config.study_id!r}, not a site")
     policy = config.policy
     data = SiteData(name, load_site_data(party.data, party.columns))
     records = data.records()
@@ -57,6 +57,35 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
     def check(role: str, array: str) -> list[str]:
         return role_problems(data, [(role, array)], detail=True)  # counts: for the operator, never the analyst
 
+    def column(array: str, j: int | None = None) -> str:
+        """Where the operator fixes `array` (column j of a matrix): the study file maps it to CSV columns."""
+        col = party.columns.get(array)
+        if col is None:
+            return f"array {array!r}"
+        if isinstance(col, str):
+            return f"CSV column {col!r}"
+        return f"CSV column {col[j]!r}" if j is not None and j < len(col) else \
+            "CSV columns " + ", ".join(repr(c) for c in col)
+
+    def shown(array: str, j: int | None) -> str:  # `queries.groups` names columns this way for the operator
+        return f"{array} ({column(array, j)})" if j is None else f"{array}[{j}] ({column(array, j)})"
+
+    def rows(array: str, role: str) -> str:
+        """The data rows that break `role` (or lie outside the score range), for the operator to look up."""
+        a = np.asarray(data.arrays.get(array, []), dtype=np.float64)
+        if a.ndim != 1 or a.size == 0:
+            return ""
+        bad = ~np.isfinite(a)
+        if role == "label":
+            bad |= ~np.isin(a, (0.0, 1.0))
+        elif role == "score" and not bad.any():
+            bad = (a < lo) | (a > hi)
+        found = np.flatnonzero(bad) + 1
+        if not found.size:
+            return ""
+        more = f" and {found.size - 8} more" if found.size > 8 else ""
+        return f"; data rows {', '.join(str(r) for r in found[:8])}{more}"
+
     if policy.roles is not None:
         lines.append("arrays in the roles the policy allows:")
         uses = [(role, array) for role in ROLES for array in policy.roles.get(role, ())]
@@ -67,16 +96,20 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
                 outside = out_of_range(data, array, lo, hi)
                 if outside:  # a note, not a problem: clipping is how the policy's range is kept
                     note = (f" ({outside} score(s) outside the policy's score range [{lo:g}, {hi:g}] "
-                            "will be clipped to it)")
-            lines.append(f"  {role} {array!r}: " + ("ok" + note if not found else "; ".join(found)))
-            problems += [f"{role} {array!r}: {p}" for p in found]
+                            f"will be clipped to it{rows(array, role)})")
+            where = f" -- {column(array)} of {party.data.name}"
+            text = "ok" + note if not found else "; ".join(found) + rows(array, role)
+            lines.append(f"  {role} {array!r}: {text}{where}")
+            problems += [f"{role} {array!r} ({column(array)}): {p}" for p in found]
         joint = [p for p in role_problems(data, uses, detail=True) if p not in {q for u in uses for q in check(*u)}]
         for p in joint:
             lines.append(f"  {p}")
         problems += joint
         # Small groups keep the site out of a run (not a fault of the data): notes, as the runs will see them.
-        groups = label_problems(data, uses, policy.min_cell_count)
-        groups += small_groups(data, [u for u in uses if u[0] != "score"], policy.min_cell_count)
+        # Only for arrays without a problem of their own (a label of 0/2 is no small-class question).
+        fine = [u for u in uses if not check(*u)]
+        groups = label_problems(data, fine, policy.min_cell_count, shown)
+        groups += small_groups(data, [u for u in fine if u[0] != "score"], policy.min_cell_count, shown)
         if groups and not joint:
             lines.append(f"small groups (this site does not join a run that uses them together, q-style rule "
                          f"min_cell_count = {policy.min_cell_count}):")
@@ -95,7 +128,8 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
                 if outside:
                     text += (f"; as a score, {outside} value(s) lie outside the policy's score range "
                              f"[{lo:g}, {hi:g}] and would be clipped")
-            lines.append(f"  {array!r}: {text}" + (f"; {'; '.join(why)}" if why and usable else ""))
+            lines.append(f"  {array!r}: {text}" + (f"; {'; '.join(why)}" if why and usable else "")
+                         + f" -- {column(array)}")
             if not usable:
                 problems.append(f"{array!r} can play no role: {'; '.join(why)}")
             lengths[array] = int(np.asarray(data.arrays[array]).shape[0]) if np.ndim(data.arrays[array]) else 1

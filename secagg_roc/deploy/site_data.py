@@ -21,17 +21,22 @@ __all__ = ["load_site_data"]
 
 
 def _parse_column(values: list[str], column: str, path: Path) -> np.ndarray:
-    """A CSV column as int64 if every cell is an integer literal, else float64."""
-    try:
-        if all(_is_int(v) for v in values):
-            return np.array([int(v) for v in values], dtype=np.int64)
-        out = np.array([float(v) for v in values], dtype=np.float64)
-    except ValueError:
-        bad = next(i for i, v in enumerate(values) if not _is_number(v))
-        raise ConfigError(f"{path}: column {column!r}, data row {bad + 1}: {values[bad][:40]!r} is not a number") from None
-    if not np.all(np.isfinite(out)):
-        bad = int(np.flatnonzero(~np.isfinite(out))[0])
-        raise ConfigError(f"{path}: column {column!r}, data row {bad + 1}: {values[bad]!r} is not a finite number")
+    """A CSV column as int64 if every cell is an integer literal, else float64; the bad cells named by row."""
+    if all(_is_int(v) for v in values):
+        return np.array([int(v) for v in values], dtype=np.int64)
+    out = np.full(len(values), np.nan)
+    bad: list[str] = []
+    for i, v in enumerate(values):
+        if not _is_number(v):
+            bad.append(f"data row {i + 1}: {v[:40]!r} is not a number")
+            continue
+        out[i] = float(v)
+        if not np.isfinite(out[i]):
+            bad.append(f"data row {i + 1}: {v[:40]!r} is not a finite number")
+    if bad:
+        more = f" (and {len(bad) - 5} more)" if len(bad) > 5 else ""
+        count = f"{len(bad)} cells to fix: " if len(bad) > 1 else ""
+        raise ConfigError(f"{path}: column {column!r}, {count}" + "; ".join(bad[:5]) + more)
     return out
 
 
@@ -78,6 +83,8 @@ def load_site_data(path: str | os.PathLike[str], columns: Mapping[str, str | tup
         except StopIteration:
             raise ConfigError(f"{path}: empty file, expected a header row") from None
         rows = [row for row in reader if row]
+    if not rows:  # a site with no records would join nothing: say so now, not at the first run
+        raise ConfigError(f"{path}: has a header row but no data rows; the site's records go one per row below it")
     index = {h: i for i, h in enumerate(header)}
     for i, row in enumerate(rows):
         if len(row) != len(header):

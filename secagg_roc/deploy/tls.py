@@ -23,7 +23,9 @@ import ssl
 from typing import Collection, Mapping
 
 from ..errors import ConfigError, SecAggError
+from .config_schema import with_article
 from .pki import PartyIdentity, party_identity
+from .tls_errors import explain_key_pair
 
 __all__ = ["AuthError", "server_ssl_context", "client_ssl_context", "peer_identity", "authorize"]
 
@@ -45,12 +47,12 @@ def _context(purpose: ssl.Purpose, ca: PathLike, cert: PathLike, key: PathLike) 
         # Only the study CA: no load_default_certs(), so no public CA can vouch for a party.
         ctx.load_verify_locations(cafile=os.fspath(ca))
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load the study CA certificate {os.fspath(ca)}: {exc}") from None
+        hint = " (the coordinator hands every party the study's ca.pem)" if isinstance(exc, FileNotFoundError) else ""
+        raise ConfigError(f"cannot load the study CA certificate {os.fspath(ca)}: {exc.strerror or exc}{hint}") from None
     try:
         ctx.load_cert_chain(certfile=os.fspath(cert), keyfile=os.fspath(key))
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot load certificate {os.fspath(cert)} with key {os.fspath(key)}: "
-                          f"{exc}") from None
+        raise ConfigError(explain_key_pair(exc, os.fspath(cert), os.fspath(key))) from None
     return ctx
 
 
@@ -99,7 +101,7 @@ def authorize(identity: PartyIdentity | tuple[str, str, str], study_id: str,
     if ident.study_id != study_id:
         raise AuthError(f"peer {ident.name!r} belongs to study {ident.study_id!r}, not {study_id!r}")
     if ident.role not in allowed_roles:
-        raise AuthError(f"peer {ident.name!r} is a {ident.role}; this endpoint accepts only "
+        raise AuthError(f"peer {ident.name!r} is {with_article(ident.role)}; this endpoint accepts only "
                         f"{', '.join(sorted(allowed_roles)) or 'nobody'}")
     names = known_names.get(ident.role, ()) if isinstance(known_names, Mapping) else known_names
     if ident.name not in names:

@@ -27,7 +27,7 @@ residual the policy limits by declaring which arrays may play which role.
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -37,12 +37,21 @@ from .registry import SiteData
 CATEGORICAL_LEVELS = 10
 
 
-def _columns(site: SiteData, name: str) -> list[tuple[str, np.ndarray]]:
+#: How a column is named in a message: the array name, or for a matrix ``X[j]``. A site's operator
+#: passes its own names (the CSV columns) to `label_problems` and `small_groups`; refusals use these.
+Names = Callable[[str, "int | None"], str]
+
+
+def _plain(array: str, j: int | None) -> str:
+    return array if j is None else f"{array}[{j}]"
+
+
+def _columns(site: SiteData, name: str, names: Names = _plain) -> list[tuple[str, np.ndarray]]:
     a = np.asarray(site.array(name), dtype=float)
     if a.ndim <= 1:
-        return [(name, a.reshape(-1))]
+        return [(names(name, None), a.reshape(-1))]
     flat = a.reshape(a.shape[0], -1)
-    return [(f"{name}[{j}]", flat[:, j]) for j in range(flat.shape[1])]
+    return [(names(name, j), flat[:, j]) for j in range(flat.shape[1])]
 
 
 def _small(counts: np.ndarray, min_cell: int) -> bool:
@@ -54,28 +63,28 @@ def _cross_small(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
     return _small(counts, min_cell)
 
 
-def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
+def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Labels of an analysis with a class of 1..min_cell-1 records at `site` (checked for every analysis)."""
     return [
         f"a class of label {name} has fewer than {min_cell} records here"
         for role, array in uses if role == "label"
-        for name, column in _columns(site, array)
+        for name, column in _columns(site, array, names)
         if _small(np.unique(column, return_counts=True)[1], min_cell)
     ]
 
 
-def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
+def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Covariates and weights of an analysis that would single out a small group at `site`; [] if none."""
     uses = list(uses)
     if site.records() <= 1 or min_cell <= 1:
         return []  # a single record, or a policy that sets no minimum group size (a simulation's choice)
     problems: list[str] = []
-    labels = [(n, c) for role, name in uses if role == "label" for n, c in _columns(site, name)]
+    labels = [(n, c) for role, name in uses if role == "label" for n, c in _columns(site, name, names)]
     categorical: list[tuple[str, np.ndarray]] = []
     for role, array in uses:
         if role not in ("covariate", "weight"):
             continue
-        for name, column in _columns(site, array):
+        for name, column in _columns(site, array, names):
             values, counts = np.unique(column, return_counts=True)
             if values.size == 1:
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")

@@ -27,26 +27,39 @@ import numpy as np
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..policy import Policy
 from .binning import bin_edges
-from .results import CalibrationCurve
+from .results import TRUSTED_HOST, TRUSTED_HOST_NOTE, CalibrationCurve
 
 if TYPE_CHECKING:
     from ..study import Study
 
 
 class BrierScore(float):
-    """The Brier score (a float) with the run's record count and contributing sites."""
+    """The Brier score (a float) with the run's record count, contributing sites and mode (see `stats.results`)."""
 
     n_records: int
     contributors: tuple[str, ...] | None
+    mode: str
 
-    def __new__(cls, value: float, n_records: int, contributors: tuple[str, ...] | None = None) -> "BrierScore":
+    def __new__(cls, value: float, n_records: int, contributors: tuple[str, ...] | None = None,
+                mode: str = "distributed") -> "BrierScore":
         out = super().__new__(cls, value)
         out.n_records = int(n_records)
         out.contributors = contributors
+        out.mode = mode
         return out
 
+    @property
+    def private(self) -> bool:
+        """False for the trusted-host baseline: its host saw every site's sums."""
+        return self.mode != TRUSTED_HOST
+
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (not private)."""
+        self.mode = TRUSTED_HOST
+
     def to_dict(self) -> dict[str, Any]:
-        return {"brier": float(self), "n_records": self.n_records,
+        return {"brier": float(self), "n_records": self.n_records, "mode": self.mode, "private": self.private,
+                "note": TRUSTED_HOST_NOTE if self.mode == TRUSTED_HOST else None,
                 "contributors": None if self.contributors is None else list(self.contributors)}
 
 

@@ -317,9 +317,13 @@ def fit_glm(
     `y` names the 0/1 response array, `X` one or more covariate arrays (1-D or
     2-D, without an intercept column; the intercept is added and reported
     first), `weights` an optional prior-weight array, `names` optional names of
-    the covariate columns. Runs the study's ``glm`` plan: only secure totals
+    the covariate columns (by default a study's `covariate_names`: the CSV
+    columns behind a deployed study's matrices). Runs the study's ``glm`` plan: only secure totals
     of column moments, scores, informations and deviances are released.
     """
+    if names is None and X is not None:
+        # A deployed study knows the CSV columns behind a matrix: coefficients are named by them, not X[0], X[1].
+        names = study.covariate_names([X] if isinstance(X, str) else list(X))
     return run_analysis(study, "glm", {"y": y, "X": [] if X is None else X, "family": family, "weights": weights,
                                        "names": None if names is None else list(names), "max_iter": max_iter,
                                        "tol": tol})

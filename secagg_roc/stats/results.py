@@ -2,7 +2,10 @@
 
 Every result says how it was obtained: ``mode`` is "dp" (differentially
 private survivor functions), "non-private" (exact scores were released to the
-analyst: validation only) or "pooled" (a reference computed on pooled records).
+analyst: validation only), "distributed" (exact secure totals), "trusted-host"
+(the plaintext baseline: one host saw every site's values, so nothing is
+private; `mark_trusted_host` sets it on every result of such a study) or
+"pooled" (a reference computed on pooled records).
 """
 
 from __future__ import annotations
@@ -17,6 +20,14 @@ from scipy.special import ndtr, ndtri
 NON_PRIVATE_NOTE = (
     "NON-PRIVATE validation mode: the sites released their exact scores to the analyst"
 )
+#: The mode, and the note, of every result of the plaintext trusted-host baseline.
+TRUSTED_HOST = "trusted-host"
+TRUSTED_HOST_NOTE = "NON-PRIVATE trusted-host baseline: one host saw every site's values in the clear"
+
+
+def _g(x: Any) -> str:
+    """A parameter for people: 0.1049, not 0.10490000000000001."""
+    return "NA" if x is None else f"{float(x):.6g}"
 
 
 class NamedArray(np.ndarray):
@@ -82,6 +93,15 @@ class GlmResult:
         return self.coef.names
 
     @property
+    def private(self) -> bool:
+        """False for the trusted-host baseline: its host saw every site's inputs."""
+        return self.mode != TRUSTED_HOST
+
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (not private)."""
+        self.mode = TRUSTED_HOST
+
+    @property
     def se(self) -> NamedArray:
         """Standard errors (square roots of the diagonal of the inverse Fisher information)."""
         return NamedArray(np.sqrt(np.diag(self.cov)), self.coef.names)
@@ -98,6 +118,8 @@ class GlmResult:
         return {
             "family": self.family,
             "mode": self.mode,
+            "private": self.private,
+            "note": TRUSTED_HOST_NOTE if self.mode == TRUSTED_HOST else None,
             "coef": self.coef.to_dict(),
             "cov": np.asarray(self.cov).tolist(),
             "names": list(self.names),
@@ -121,6 +143,8 @@ class GlmResult:
         lines += ["", f"  Residual deviance: {self.deviance:.4f}" + (f" on {self.n_records} records" if self.n_records else "")]
         if self.contributors is not None:
             lines.append(f"  Sites: {', '.join(self.contributors)}")
+        if self.mode == TRUSTED_HOST:
+            lines.append(f"  {TRUSTED_HOST_NOTE}")
         return "\n".join(lines)
 
 
@@ -181,6 +205,11 @@ class RocGlmResult:
     def private(self) -> bool:
         return self.mode == "dp"
 
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (not private)."""
+        self.mode = TRUSTED_HOST
+        self.glm.mark_trusted_host()
+
     @property
     def se_logit(self) -> float:
         """Standard error of logit(AUC) by the delta method."""
@@ -203,7 +232,7 @@ class RocGlmResult:
         out = {
             "mode": self.mode,
             "private": self.private,
-            "note": NON_PRIVATE_NOTE if self.mode == "non-private" else None,
+            "note": {"non-private": NON_PRIVATE_NOTE, TRUSTED_HOST: TRUSTED_HOST_NOTE}.get(self.mode),
             "params": self.params.to_dict(),
             "auc": self.auc,
             "auc_closed_form": self.auc_closed_form,
@@ -225,15 +254,15 @@ class RocGlmResult:
 
     def __repr__(self) -> str:
         level = 1.0 - self.alpha
+        p = self.privacy or {}
+        noise = (f"epsilon = {_g(p.get('epsilon'))}, delta = {_g(p.get('delta'))}, l2-sensitivity = "
+                 f"{_g(p.get('l2_sensitivity'))}, {p.get('mechanism')} Gaussian mechanism, sigma = {_f(p.get('sigma'))}")
         if self.mode == "dp":
-            p = self.privacy or {}
-            head = (
-                f"ROC-GLM (distributed, differentially private: epsilon = {p.get('epsilon')}, "
-                f"delta = {p.get('delta')}, l2-sensitivity = {p.get('l2_sensitivity')}, "
-                f"{p.get('mechanism')} Gaussian mechanism, sigma = {_f(p.get('sigma'))})"
-            )
+            head = f"ROC-GLM (distributed, differentially private: {noise})"
         elif self.mode == "non-private":
             head = f"ROC-GLM (distributed) -- {NON_PRIVATE_NOTE}"
+        elif self.mode == TRUSTED_HOST:
+            head = f"ROC-GLM -- {TRUSTED_HOST_NOTE}" + (f" (scores noised: {noise})" if self.privacy else "")
         else:
             head = f"ROC-GLM ({self.mode})"
         g1, g2 = float(self.params[0]), float(self.params[1])
@@ -295,6 +324,15 @@ class CalibrationCurve:
         return len(self.edges) - 1
 
     @property
+    def private(self) -> bool:
+        """False for the trusted-host baseline: its host saw every site's cells."""
+        return self.mode != TRUSTED_HOST
+
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (not private)."""
+        self.mode = TRUSTED_HOST
+
+    @property
     def n_released_records(self) -> int:
         return int(np.nansum(self.count))
 
@@ -304,6 +342,8 @@ class CalibrationCurve:
 
         return {
             "mode": self.mode,
+            "private": self.private,
+            "note": TRUSTED_HOST_NOTE if self.mode == TRUSTED_HOST else None,
             "n_bins": self.n_bins,
             "edges": np.asarray(self.edges).tolist(),
             "count": clean(self.count),
@@ -338,6 +378,8 @@ class CalibrationCurve:
                 lines.append(f"  {lab:>15} {'--':>7} {'--':>10} {'--':>9}   suppressed: {reason}")
         if self.contributors is not None:
             lines += ["", f"  Sites: {', '.join(self.contributors)}"]
+        if self.mode == TRUSTED_HOST:
+            lines.append(f"  {TRUSTED_HOST_NOTE}")
         return "\n".join(lines)
 
     def plot(self, ax=None):

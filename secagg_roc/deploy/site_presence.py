@@ -1,0 +1,69 @@
+"""Which sites an aggregator hears from, and when: the basis of ``secagg-roc status`` and fail-fast analyses.
+
+Run by each Aggregator (`aggregator_service`): every site agent long-polls
+the aggregator's feed, so a site that polled in the last `SITE_STALE_S`
+seconds, or is polling now, is connected. Reported in ``/v1/info`` to the
+analyst and the aggregators (never to sites), so ``secagg-roc status`` shows
+who is up and ``analyze`` names a site that is down before its first round.
+One agent polls once at a time; polls of one site that keep overlapping mean
+two agents run for it (each answering from its own data and ledger): the
+aggregator's operator is warned.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable
+
+__all__ = ["SitePresence", "SITE_STALE_S", "connected"]
+
+#: A site agent polls every aggregator's feed at least every 20 s while it runs: one not heard
+#: from for this long is not running, or cannot reach the aggregator.
+SITE_STALE_S = 60.0
+
+
+class SitePresence:
+    """When each site last polled, and how many polls it has in flight (run by an Aggregator)."""
+
+    def __init__(self, sites: Iterable[str], log: logging.Logger):
+        self.sites = tuple(sites)
+        self.log = log
+        self.seen: dict[str, float] = {}
+        self.polling: dict[str, int] = {}
+        self._overlaps: dict[str, list[float]] = {}
+        self._warned: dict[str, float] = {}
+
+    def poll_started(self, site: str) -> None:
+        """A feed poll of `site` began; warn when its polls keep overlapping (a restart's old poll overlaps once)."""
+        now = time.monotonic()
+        self.seen[site] = now
+        if self.polling.get(site):
+            recent = [t for t in self._overlaps.get(site, []) if now - t < 120.0] + [now]
+            self._overlaps[site] = recent
+            if len(recent) >= 3 and now - self._warned.get(site, -1e9) > 300.0:
+                self._warned[site] = now
+                self.log.warning("site %s polls this aggregator from two connections at once, again and again: two "
+                                 "agents for %s seem to run (each answers from its own data and ledger); stop all "
+                                 "but one", site, site)
+        self.polling[site] = self.polling.get(site, 0) + 1
+
+    def poll_ended(self, site: str) -> None:
+        """A feed poll of `site` ended (answered, timed out or broken)."""
+        self.polling[site] = max(0, self.polling.get(site, 0) - 1)
+        self.seen[site] = time.monotonic()
+
+    def report(self) -> dict[str, dict[str, Any]]:
+        """Per site: a poll in flight, and seconds since it last polled (None: never since this aggregator started)."""
+        now = time.monotonic()
+        return {s: {"polling": bool(self.polling.get(s)),
+                    "last_seen_s": None if s not in self.seen else round(now - self.seen[s], 1)}
+                for s in self.sites}
+
+
+def connected(seen: dict[str, Any] | None) -> bool:
+    """True if a `report` entry says the site is connected (polling, or heard from within `SITE_STALE_S`)."""
+    if not seen:
+        return False
+    last = seen.get("last_seen_s")
+    return bool(seen.get("polling")) or (last is not None and last <= SITE_STALE_S)
