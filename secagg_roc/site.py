@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
@@ -43,6 +44,9 @@ from .queries import SiteData, canonical_params, lookup, quantity_digest, query_
 from .queries.run import JOIN
 from .ring import FixedPoint, RawFloat
 from .sharing import SharingScheme
+
+#: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
+MAX_PENDING_ROUNDS = 1024
 
 #: Persist ledger entries (and whatever else a deployment logs) before shares are sent.
 Persist = Callable[[list[LedgerEntry], list[InputShare]], None]
@@ -85,7 +89,8 @@ class Site:
         #: The site operator's own consent to the non-private mode, on top of the policy's.
         self.allow_non_private = allow_non_private
         self._digest: str | None = None
-        self.answered: dict[int, Answered] = {}
+        #: Rounds answered and not yet released (the oldest are dropped: a round that never releases is dead).
+        self.answered: OrderedDict[int, Answered] = OrderedDict()
         # The aggregator that gets the full correction vector rotates over sites.
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
 
@@ -151,8 +156,13 @@ class Site:
             self.ledger.apply(entry)
         if joined is not None:  # only once the answer is durable: a failed persist leaves no trace
             self.runs.join(params["run"], *joined)
-        self.answered[query.round_id.number] = Answered(query, str(run), int(number))
+        self._remember(query, str(run), int(number))
         return shares
+
+    def _remember(self, query: Query, run: str, number: int) -> None:
+        self.answered[query.round_id.number] = Answered(query, run, number)
+        while len(self.answered) > MAX_PENDING_ROUNDS:
+            self.answered.popitem(last=False)
 
     def _join(self, query: Query, params: dict, seeds: Mapping[int, bytes] | None, again: bool) -> tuple[list, tuple | None]:
         """The join's shares, and (plan, arguments) to record once they are durable (None for a repeat)."""
@@ -187,7 +197,7 @@ class Site:
             self.runs.join(params["run"], plan, args)
         else:
             self.runs.expect(params.get("run"), params.get("step"))
-        self.answered[query.round_id.number] = Answered(query, str(params.get("run")), int(params.get("step")))
+        self._remember(query, str(params.get("run")), int(params.get("step")))
         if release:
             self.receive_release(release)
 
