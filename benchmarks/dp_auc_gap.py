@@ -8,7 +8,7 @@ Usage:
 Each data set follows the paper's simulation design (benchmarks/_simulation.py)
 and is split over `--sites` sites of an embedded study (secure sums over two
 aggregators, DP release of Gaussian-noised scores, survivor functions
-broadcast back). For every l2-sensitivity of the paper's table the recommended
+pooled by every site). For every l2-sensitivity of the paper's table the recommended
 (epsilon, delta) is used, with the paper's classic Gaussian mechanism and with
 the analytic one. Reported: mean |AUC_distributed - AUC_pooled| (distributed
 ROC-GLM AUC against the pooled empirical AUC, and against the pooled ROC-GLM

@@ -298,9 +298,6 @@ class Aggregator:
         """Every run this aggregator has seen (see `runbook.RunBook`)."""
         return self.runbook.runs
 
-    def _run_of(self, r: Round):
-        return self.runbook.of(r.query)
-
     def open(self, query: Query) -> RoundStatus:
         """Open the round for `query` (idempotent for the same query)."""
         rid = query.round_id

@@ -114,9 +114,9 @@ class Ledger:
             )
         for old, old_records in self.sets.items():
             if (old < new or new < old) and abs(int(records) - old_records) < q:
-                raise PolicyError(
-                    f"site {self.site!r}: ledger: an earlier release covered a contributor set that differs by "
-                    f"{abs(int(records) - old_records)} record(s), fewer than q = {q}"
+                raise PolicyError(  # the rule, not the difference: that would be a count
+                    f"site {self.site!r}: ledger: an earlier release covered a contributor set that differs from "
+                    f"this one by fewer than q = {q} records"
                 )
 
     def exact_entry(self, quantity: str, run: str, step: int, contributors: Iterable[str], records: int,

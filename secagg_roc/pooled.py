@@ -159,7 +159,7 @@ def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=Non
     for g in np.unique(groups):
         mine = groups == g
         c = np.bincount(idx[mine], minlength=n_bins)
-        keep = released_cells(c, min_cell_count)
+        keep = released_cells(c, min_cell_count, positives=np.bincount(idx[mine], weights=y[mine], minlength=n_bins))
         counts += np.where(keep, c, 0)
         sum_pred += np.where(keep, np.bincount(idx[mine], weights=p[mine], minlength=n_bins), 0.0)
         sum_label += np.where(keep, np.bincount(idx[mine], weights=y[mine].astype(float), minlength=n_bins), 0.0)

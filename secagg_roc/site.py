@@ -74,7 +74,7 @@ class Site:
         *,
         policy: Policy | None = None,
         ledger: Ledger | None = None,
-        allow_non_private: bool = True,
+        allow_non_private: bool = False,
     ):
         self.data = data
         self.buffers = buffers
@@ -149,7 +149,7 @@ class Site:
             if step.release == "dp":
                 shares, entries = self._per_site(query, info, number, step, seeds, replay)
             else:
-                shares, entries = self._exact(query, info, number, step, seeds)
+                shares, entries = self._exact(query, info, number, step, seeds, replay)
         if persist is not None:
             persist(entries, shares)
         for entry in entries:
@@ -201,14 +201,19 @@ class Site:
         if release:
             self.receive_release(release)
 
-    def _exact(self, query: Query, info: RunInfo, number: int, step: Step, seeds) -> tuple[list, list]:
-        quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits)
+    def _exact(self, query: Query, info: RunInfo, number: int, step: Step, seeds, replay: bool = False
+               ) -> tuple[list, list]:
         self.ledger.check_exact(info.contributors, info.records, self.data_digest)
-        entry = self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records, self.data_digest)
+        if replay:  # the ledger holds this round's entry already: it was persisted before the shares were sent
+            entries: list[LedgerEntry] = []
+        else:
+            quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits)
+            entries = [self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records,
+                                               self.data_digest)]
         _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
         shares = self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(step.query).outputs,
                             saturate=True)
-        return shares, [entry]
+        return shares, entries
 
     def _per_site(self, query: Query, info: RunInfo, number: int, step: Step, seeds, replay: bool = False
                   ) -> tuple[list, list]:

@@ -168,6 +168,8 @@ class LocalStudy(Study):
                 SiteData(name=name, arrays={k: np.asarray(v) for k, v in arrays.items()}, rng=site_noise_rng(seed, name)),
                 policy=self.policy,
                 ledger=Ledger(self.policy, name),
+                # In one process the researcher is every site's operator: the policy alone decides.
+                allow_non_private=True,
             )
             for name, arrays in data.items()
         }

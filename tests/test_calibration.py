@@ -71,27 +71,43 @@ def test_distributed_equals_pooled_with_the_per_site_cell_rule(data):
     assert got.contributors == tuple(f"s{k}" for k in range(len(sizes)))
 
 
+def _blocks(*blocks):
+    """Scores and labels from (score, records) blocks; each block's labels alternate 0, 1, 0, ..."""
+    p = np.concatenate([[score] * n for score, n in blocks])
+    y = np.concatenate([np.arange(n) % 2 for _, n in blocks])
+    return {"p": p, "y": y}
+
+
 def test_small_cells_are_withheld_at_each_site_and_never_summed():
     # Bin (0.2, 0.3] has 3 records at each of s0 and s1: below the minimum cell count 5 at both, so
-    # neither sends it, although 6 records lie in it. Each then withholds its smallest other cell
+    # neither sends it, although 6 records lie in it. Each then withholds its smallest other bin
     # (0.5, 0.6], because the 3 (or 3 + 1) records it withholds would otherwise be recoverable as the
-    # run's record total minus the released counts.
-    site_p = [np.r_[[0.25] * 3, [0.55] * 6, [0.75] * 8, [0.85]], np.r_[[0.25] * 3, [0.55] * 6, [0.75] * 8],
-              np.r_[[0.55] * 7, [0.75] * 5]]
-    data = {f"s{k}": {"p": p, "y": np.arange(p.size) % 2} for k, p in enumerate(site_p)}
+    # run's record total minus the released counts. A released bin also needs 5 positives and 5 negatives.
+    data = {"s0": _blocks((0.25, 3), (0.55, 12), (0.75, 16), (0.85, 1)),
+            "s1": _blocks((0.25, 3), (0.55, 12), (0.75, 16)),
+            "s2": _blocks((0.55, 14), (0.75, 10))}
     study = Study.local(data, privacy_level=5, seed=0)
     c = calibration_curve(study, "y", "p", n_bins=10)
     assert not c.released[2] and np.isnan(c.count[2])
-    assert c.count[5] == 7 and c.count[7] == 21 and not c.released[8]  # s2's 7; 8 + 8 + 5
-    assert c.min_cell_count == 5 and c.n_records == 47 and c.n_released_records == 28  # 19 withheld: >= 5
+    assert c.count[5] == 14 and c.count[7] == 42 and not c.released[8]  # s2's 14; 16 + 16 + 10
+    assert c.min_cell_count == 5 and c.n_records == 87 and c.n_released_records == 56  # 31 withheld: >= 5
     # Each site, on its own, sends zeros for the cells it withholds.
     _, res = run_site_query(SiteData("s0", data["s0"]), "calibration.bins",
                             {"label": "y", "score": "p", "n_bins": 10, "min_cell": 5, "score_range": [0.0, 1.0]})
-    assert res.values["count"].tolist() == [0] * 7 + [8, 0, 0]
-    assert res.values["sum_pred"][7] == pytest.approx(6.0) and res.values["sum_label"][5] == 0
+    assert res.values["count"].tolist() == [0] * 7 + [16, 0, 0]
+    assert res.values["sum_pred"][7] == pytest.approx(12.0) and res.values["sum_label"][5] == 0
     # The transcript of the analyst holds the one release: the curve's table, nothing else.
     released = [e.message for e in study.transcript("analyst") if e.kind == "AggregateShare"]
     assert len(released) == 2 * 2  # join + the table, from each of two aggregators
+
+
+def test_a_bin_with_few_positives_is_withheld():
+    # Twelve records in a bin but only one positive: releasing the bin's positives would be a cell of one.
+    site = {"p": np.r_[[0.95] * 12, [0.55] * 10], "y": np.r_[1, [0] * 11, np.arange(10) % 2]}
+    _, res = run_site_query(SiteData("s", site), "calibration.bins",
+                            {"label": "y", "score": "p", "n_bins": 10, "min_cell": 5, "score_range": [0.0, 1.0]})
+    assert res.values["count"][9] == 0 and res.values["sum_label"][9] == 0
+    assert res.values["count"][5] == 0  # and the remainder's single positive needs company: bin 5 goes too
 
 
 def test_secondary_suppression_rule():
@@ -102,6 +118,8 @@ def test_secondary_suppression_rule():
     assert released_cells([2, 2, 2, 9], 5).tolist() == [False, False, False, True]  # 6 withheld already
     assert released_cells([1, 2, 1], 5).tolist() == [False, False, False]  # 4 records: nothing
     assert released_cells([4, 7, 7], 5).tolist() == [False, False, True]  # ties: the lower index first
+    assert released_cells([10, 10], 5, positives=[1, 5]).tolist() == [False, False]  # 1 positive, then 1 + 5 ...
+    assert released_cells([10, 10, 12], 5, positives=[1, 5, 6]).tolist() == [False, False, True]
 
 
 def test_calibration_bins_are_fixed_by_the_policy():
@@ -139,9 +157,9 @@ def test_brier_bounds():
 def test_a_site_with_no_records_in_released_bins_still_contributes():
     # Site b's predictions all fall into a bin that is suppressed (total count < q):
     # its per-bin sums are all zero, and must still have the same layout as a's.
-    a = {"y": np.array([0, 1] * 10), "score": np.linspace(0.55, 0.95, 20)}
+    a = {"y": np.array([0, 1] * 20), "score": np.r_[[0.85] * 20, [0.95] * 20]}
     b = {"y": np.zeros(5, dtype=int), "score": np.array([0.05, 0.06, 0.07, 0.15, 0.25])}
     study = Study.local({"a": a, "b": b}, privacy_level=5)
     curve = calibration_curve(study, label="y", score="score", n_bins=10)
-    assert curve.n_records == 25 and curve.n_released_records == 10  # a: two cells of 5; b: none
+    assert curve.n_records == 45 and curve.n_released_records == 40  # a: two bins of 20; b: none
     assert 0 in [s["bin"] for s in curve.suppressed]

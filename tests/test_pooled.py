@@ -95,22 +95,21 @@ def test_brier_equals_sklearn():
 def test_calibration_curve_bins_right_closed_and_suppresses():
     y = np.array([0, 1, 1, 0, 1, 1, 1, 0, 0, 1])
     p = np.array([0.0, 0.1, 0.2, 0.2, 0.3, 0.55, 0.6, 0.6, 0.61, 1.0])
-    c = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3)
+    c = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=1)  # no minimum: every bin
     # bins: [0, .2] -> 4 records, (.2, .4] -> 1, (.4, .6] -> 3, (.6, .8] -> 1, (.8, 1] -> 1
-    assert c.released.tolist() == [True, False, True, False, False]
-    assert c.count[0] == 4 and c.count[2] == 3
+    assert c.count.tolist() == [4, 1, 3, 1, 1]
     assert c.mean_predicted[0] == pytest.approx(0.125)
     assert c.observed[2] == pytest.approx(2 / 3)
-    assert [s["bin"] for s in c.suppressed] == [1, 3, 4]
-    manual = (4 * abs(0.125 - 0.5) + 3 * abs((0.55 + 0.6 + 0.6) / 3 - 2 / 3)) / 7
-    assert c.ece == pytest.approx(manual)
-    # Per site: the first five records at one site, the rest at another. Site 0 holds 4 + 1 records in
-    # bins 0 and 1; withholding only bin 1 would leave 1 record recoverable (5 minus the released 4), so it
-    # withholds bin 0 too. Site 1 likewise withholds its 3 in bin 2 beside its two single records.
-    by_site = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=3, sites=[0] * 5 + [1] * 5)
-    assert not by_site.released.any()
+    # With a minimum of 2: bin (.4, .6] holds 3 records but a single negative; the remainder (6 records,
+    # 4 positives, 2 negatives) meets the minimum, so only bin 0 (2 positives, 2 negatives) is released.
+    c = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=2)
+    assert c.released.tolist() == [True, False, False, False, False]
+    assert [s["bin"] for s in c.suppressed] == [1, 2, 3, 4]
+    assert c.ece == pytest.approx(abs(0.125 - 0.5))
+    # Per site: site 0 holds 4 + 1 records in bins 0 and 1; withholding only bin 1 would leave 1 record
+    # recoverable, so it withholds bin 0 too. Site 1's bins are all too small.
     by_site = pooled.calibration_curve(y, p, n_bins=5, min_cell_count=2, sites=[0] * 5 + [1] * 5)
-    assert by_site.released.tolist() == [False, False, True, False, False] and by_site.count[2] == 3  # site 1: 1 + 1
+    assert not by_site.released.any()
 
 
 @pytest.mark.parametrize("family, link", [("logit", None), ("probit", sm.families.links.Probit())])

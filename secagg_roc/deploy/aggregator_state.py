@@ -273,7 +273,8 @@ class AggregatorState:
         return Applied(None, True)
 
     def _abandon(self, number: int) -> Applied:
-        if number not in self.numbers or number in self.abandoned:
+        # Not open any more (a close won the race against the deadline): a released round is never abandoned.
+        if number not in self.numbers or number in self.abandoned or not self.is_open(number):
             return Applied(None, False)
         self.abandoned.add(number)
         # Free the shares and the open-round slot; the number stays used (self.numbers) for ever; its run fails.

@@ -72,7 +72,7 @@ Example (every key of the schema; the ones marked optional show their default)::
     # release. Every site checks every request against it; q and min_sites are
     # the [study] keys above (they are part of the policy, and set only there).
     [policy]
-    min_cell_count = 5              # optional (default: q): fewest records in a released table cell
+    min_cell_count = 5              # optional (default: q): fewest records in a released table cell, a label class or a GLM group at a site
     allow_dropouts = false          # optional: may a run start without every site?
     allow_non_private = false       # optional: may the exact-score validation mode run at all?
     analyses = ["glm", "rocglm", "brier", "calibration"]   # optional (this is the default)

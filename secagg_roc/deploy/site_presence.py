@@ -2,7 +2,7 @@
 
 Run by each Aggregator (`aggregator_service`): every site agent long-polls
 the aggregator's feed, so a site that polled in the last `SITE_STALE_S`
-seconds, or is polling now, is connected. Reported in ``/v1/info`` to the
+seconds, or is polling now, is connected. Reported in ``/v1/presence`` to the
 analyst and the aggregators (never to sites), so ``secagg-roc status`` shows
 who is up and ``analyze`` names a site that is down before its first round.
 One agent polls once at a time; polls of one site that keep overlapping mean

@@ -21,6 +21,7 @@ data must pass at the start of every run.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Mapping
 
@@ -133,15 +134,35 @@ def declared(plan_: Plan, policy: Policy, args: Mapping[str, Any]) -> dict[str, 
     return canon
 
 
+#: Floats in a request may differ from the site's own plan by this much (another machine's BLAS or libm).
+#: The site always computes with its own values: the tolerance only decides whether it answers at all.
+REL_TOL, ABS_TOL = 1e-9, 1e-12
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Canonical JSON values equal, floats within `REL_TOL`: the analyst's request against a site's plan."""
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str) or a is None or b is None:
+        return a == b and type(a) is type(b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        return math.isclose(float(a), float(b), rel_tol=REL_TOL, abs_tol=ABS_TOL)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    return False
+
+
 def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int) -> str | None:
-    """Why a requested round differs from the plan's step, or None when it is exactly the step."""
+    """Why a requested round differs from the plan's step, or None when it is the step."""
     if name != step.query:
         return f"it asks for query {name!r}, the plan's step is {step.query!r}"
     if int(frac_bits) != step.frac_bits and step.release != "dp":  # per-site releases are raw float64 bits
         return f"it asks for {frac_bits} fractional bits, the plan's step uses {step.frac_bits}"
     got = canonical_params(params)
     for key in sorted(set(got) | set(step.params)):
-        if got.get(key) != step.params.get(key):
+        if key not in got or key not in step.params or not same_value(got[key], step.params[key]):
             return f"its parameter {key!r} differs from the plan's"
     return None
 

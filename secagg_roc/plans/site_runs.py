@@ -8,8 +8,9 @@ and no class of a label is a small group (`queries.groups`; an analysis
 adds its own checks, such as the GLM's on covariates). When the join's release arrives (from the
 aggregators), the site checks the contributor set against the policy and
 starts its copy of the plan; each later release moves that copy one step on.
-A round is answered only if it is exactly the next step: same query, same
-public parameters, same precision, same run, next step number.
+A round is answered only if it is the next step: same query, same
+public parameters (floats within `base.REL_TOL`), same precision, same run,
+next step number; the site then computes with its own parameters.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
 from ..queries.groups import label_problems
-from .base import Plan, PlanContext, Rounds, RunInfo, Step, declared, get_plan
+from .base import Plan, PlanContext, Rounds, RunInfo, Step, declared, get_plan, same_value
 
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
 MAX_OPEN_RUNS = 64
@@ -81,7 +82,7 @@ class SiteRuns:
             raise PolicyError(f"site {self.site!r}: {exc}") from None
         except (ValueError, TypeError) as exc:
             raise PolicyError(f"site {self.site!r}: invalid arguments for {plan.name!r}: {exc}") from None
-        if canon != args:
+        if not same_value(canon, args):
             raise PolicyError(
                 f"site {self.site!r}: the arguments of run {run!r} are not in the canonical form the "
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"

@@ -3,7 +3,8 @@
 The calibration curve is one round. Every site computes, for each of the
 policy's equidistant bins, its record count and its sums of predictions and
 labels, and *withholds its own cell* (sends zeros for it) when the cell holds
-fewer than the policy's ``min_cell_count`` records: DataSHIELD's
+fewer than the policy's ``min_cell_count`` records, or fewer positives or
+negatives (a bin's row of the bin x label table): DataSHIELD's
 ``nfilter.tab`` applied at each site, as the paper's implementation applies q.
 It then withholds further cells until its withheld records are none or at
 least ``min_cell_count`` (`stats.binning.released_cells`): the withheld
@@ -46,7 +47,7 @@ def bin_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
     min_cell = param(site, params, "min_cell", int)
     idx = bin_index(p, n_bins)
     count = np.bincount(idx, minlength=n_bins)
-    keep = released_cells(count, min_cell)
+    keep = released_cells(count, min_cell, positives=np.bincount(idx, weights=y, minlength=n_bins))
     sum_pred = np.bincount(idx, weights=p, minlength=n_bins)
     sum_label = np.bincount(idx, weights=y, minlength=n_bins)
     return QueryResult(

@@ -87,10 +87,10 @@ def labels_scores(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, n
 
 
 def reference(site: SiteData, key: str) -> np.ndarray:
-    """A broadcast reference sample (pooled scores), sorted, as survivor() expects."""
+    """A reference sample the step derived (the pooled released scores), sorted, as survivor() expects."""
     ref = np.asarray(site.public_value(key), dtype=float).ravel()
     if ref.size == 0 or not np.all(np.isfinite(ref)):
-        raise site.fail(f"public value {key!r} must be a non-empty finite sample")
+        raise site.fail(f"derived value {key!r} must be a non-empty finite sample")
     return np.sort(ref)
 
 

@@ -26,23 +26,29 @@ def bin_index(scores, n_bins: int) -> np.ndarray:
     return np.clip(idx, 0, int(n_bins) - 1)
 
 
-def released_cells(counts, min_cell: int) -> np.ndarray:
+def released_cells(counts, min_cell: int, positives=None) -> np.ndarray:
     """Which of one site's cells it releases under the minimum cell count (a boolean mask).
 
-    Primary suppression withholds every cell with 1..min_cell-1 records.
-    Secondary suppression then withholds further cells, smallest first, until
-    the withheld records are 0 or at least `min_cell`: the withheld remainder
-    is itself a cell, which other releases over the same records (a total
-    count, a column sum) would let the analyst recover. A site with fewer than
-    `min_cell` records in all releases nothing.
+    A calibration bin releases its record count and its number of positives,
+    so each bin is a row of the bin x label table: its records, its positives
+    and its negatives must each be 0 or at least `min_cell` (`positives`
+    default to none). Primary suppression withholds every bin where one is not.
+    Secondary suppression then withholds further bins, smallest first, until
+    the withheld records, positives and negatives are each 0 or at least
+    `min_cell`: the withheld remainder is itself a cell, which other releases
+    over the same records (a total count, a column sum, a GLM's sum of labels)
+    would let the analyst recover.
     """
     counts = np.asarray(counts, dtype=np.int64)
-    withheld = (counts > 0) & (counts < min_cell)
-    total = int(counts[withheld].sum())
-    if 0 < total < min_cell:
-        for b in sorted(np.nonzero((counts > 0) & ~withheld)[0], key=lambda b: (counts[b], b)):
-            withheld[b] = True
-            total += int(counts[b])
-            if total >= min_cell:
-                break
+    pos = np.zeros_like(counts) if positives is None else np.rint(np.asarray(positives, dtype=float)).astype(np.int64)
+    parts = (counts, pos, counts - pos)
+
+    def small(x: np.ndarray | int) -> np.ndarray:
+        return (x > 0) & (x < min_cell)
+
+    withheld = small(counts) | small(pos) | small(counts - pos)
+    for b in sorted(np.nonzero((counts > 0) & ~withheld)[0], key=lambda b: (counts[b], b)):
+        if not any(small(int(part[withheld].sum())) for part in parts):
+            break
+        withheld[b] = True
     return (counts > 0) & ~withheld

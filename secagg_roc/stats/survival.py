@@ -1,7 +1,7 @@
 """Survivor functions, placement values and ROC-GLM thresholds (pure arithmetic, no I/O).
 
 Shared by the site queries (which evaluate them on their own records against a
-broadcast reference sample) and by the pooled references, so that both sides
+reference sample each site derives from a released one) and by the pooled references, so that both sides
 compute exactly the same numbers.
 
 Conventions
