@@ -230,6 +230,41 @@ def test_a_revoked_certificate_is_refused_by_every_aggregator(cluster, capsys) -
         assert sr.brier_score(s, "y", "score").contributors == tuple(cluster.site_names)
 
 
+def test_a_revoked_aggregator_is_refused_by_its_clients(cluster, capsys) -> None:
+    import asyncio
+
+    from secagg_roc.deploy.http import AggregatorClient
+    from secagg_roc.deploy.revocation import RevocationList
+
+    study, config = str(cluster.study_file), cluster.config
+    analyst = config.analyst
+    ctx = client_ssl_context(config.ca_cert, analyst.cert, analyst.key)
+
+    def info(j: int) -> dict:
+        async def go() -> dict:
+            client = AggregatorClient(config.aggregators[j], config.study_id, ctx,
+                                      revocations=RevocationList(config.ca_crl, config.ca_cert))
+            try:
+                return await client.info()
+            finally:
+                await client.close()
+        return asyncio.run(go())
+
+    assert main(["keys", "revoke", "agg-2", "--study", study]) == 0
+    try:
+        with pytest.raises(AuthError, match="aggregator 'agg-2' at .* presents a revoked certificate"):
+            info(1)
+        assert info(0)["study"] == "loopback"
+        assert main(["keys", "add", "agg-2", "--replace", "--study", study]) == 0
+        cluster.stop_party("agg-2")
+        cluster.start_party("agg-2")  # with its new key and certificate
+    finally:
+        capsys.readouterr()
+    assert info(1)["study"] == "loopback"
+    with cluster.study() as s:
+        assert sr.brier_score(s, "y", "score").contributors == tuple(cluster.site_names)
+
+
 def _refusal(cluster: LocalCluster, site: str, j: int) -> str | None:
     try:
         call_as(cluster, site, j, lambda c: c.info())

@@ -21,7 +21,7 @@ from secagg_roc.cli import main
 from secagg_roc.deploy.config_read import load_study
 from secagg_roc.deploy.config_write import loopback_study
 from secagg_roc.deploy.pki import load_certificate
-from secagg_roc.deploy.revocation import read_crl
+from secagg_roc.deploy.revocation import RevocationList, read_crl
 from secagg_roc.deploy.site_check import site_check
 from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.errors import ConfigError
@@ -161,6 +161,25 @@ def test_keys_add_one_party_and_revoke_one_certificate(tmp_path: Path, capsys) -
     assert main(["keys", "add", "hospital-a", "--study", str(study), "--replace"]) == 0
     new = load_certificate((tmp_path / "keys" / "hospital-a" / "cert.pem").read_bytes())
     assert new.serial_number != old.serial_number and new.issuer == old.issuer
+
+
+def test_a_revocation_list_that_disappears_or_rolls_back_un_revokes_nobody(tmp_path: Path, capsys) -> None:
+    study = study_with(tmp_path, hospital_rows(40, 1))
+    assert main(["keys", "--study", str(study)]) == 0
+    config = load_study(study)
+    older = config.ca_crl.read_bytes()  # the empty list `keys` wrote
+    serial = load_certificate((tmp_path / "keys" / "hospital-a" / "cert.pem").read_bytes()).serial_number
+    revoked = RevocationList(config.ca_crl, config.ca_cert, check_every=0.0)
+    assert revoked.serials == frozenset()
+    assert main(["keys", "revoke", "hospital-a", "--study", str(study)]) == 0
+    revoked.refresh(force=True)
+    assert revoked.serials == {serial}
+    config.ca_crl.write_bytes(older)  # an older, validly signed list
+    revoked.refresh(force=True)
+    assert revoked.serials == {serial}
+    config.ca_crl.unlink()  # or none at all
+    revoked.refresh(force=True)
+    assert revoked.serials == {serial}
 
 
 # --------------------------------------------------------------------------- item 6: the plaintext baseline

@@ -4,7 +4,7 @@ Run by the study coordinator: ``keys`` once, after writing the study file and
 before starting any party; ``keys add NAME`` for a party added to the study
 file later (or, with ``--replace``, new keys for one party); ``keys revoke
 NAME`` to put a party's certificate on the study's revocation list, which
-every aggregator then refuses. Wire it into the main CLI with
+every other party then refuses. Wire it into the main CLI with
 `add_keys_parser` and `run_keys`; ``python -m secagg_roc.deploy.cli_keys``
 runs it on its own. Needs only a base install.
 """
@@ -33,7 +33,7 @@ Files are written where the study file says (by default relative to its folder):
   keys/<party>/key.pem    SECRET  give it to <party> only, over a secure channel
   keys/_ca/key.pem        SECRET  the CA key: keep it offline; it can mint parties
 
-  crl.pem                 PUBLIC  the study's revocation list: give it to every aggregator
+  crl.pem                 PUBLIC  the study's revocation list: give it to every party
 
 Private keys are unencrypted PEM files with mode 0600: file permissions are
 their only protection. Existing files are never replaced unless --force is given.
@@ -101,7 +101,7 @@ def _add_or_revoke(args: argparse.Namespace) -> int:
     serial, crl, new = revoke_party(config, args.party)
     state = "revoked" if new else "was already revoked"
     print(f"study {config.study_id!r}: the certificate of {args.party!r} (serial {serial:x}) {state}")
-    print(f"  PUBLIC  {crl}: hand it to every aggregator operator (they re-read it within seconds)")
+    print(f"  PUBLIC  {crl}: hand it to every party (they re-read it within seconds)")
     print(f"  new keys for {args.party}: secagg-roc keys add {args.party} --replace --study {args.study}")
     return 0
 
@@ -122,7 +122,7 @@ def run_keys(args: argparse.Namespace) -> int:
     print(f"  PUBLIC  {issued.ca_cert}  (study CA certificate, for every party)")
     print(f"  SECRET  {issued.ca_key}  (study CA key, keep offline)")
     if issued.ca_crl is not None:
-        print(f"  PUBLIC  {issued.ca_crl}  (revocation list, for every aggregator)")
+        print(f"  PUBLIC  {issued.ca_crl}  (revocation list, for every party)")
     for p in issued.parties:
         print(f"  {p.role:<10} {p.name}: PUBLIC {p.cert}  SECRET {p.key}")
     return 0

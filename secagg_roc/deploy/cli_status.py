@@ -39,14 +39,17 @@ def gather_status(study: Any, name: str | None = None, timeout: float = 5.0) -> 
     from .config_read import load_study
     from .config_schema import StudyConfig
     from .http import AggregatorClient
+    from .revocation import RevocationList
     from .tls import client_ssl_context
 
     config = study if isinstance(study, StudyConfig) else load_study(study)
     party = config.analyst if name is None else config.party(name)
     ctx = client_ssl_context(config.ca_cert, party.cert, party.key)
+    revoked = RevocationList(config.ca_crl, config.ca_cert)
 
     async def one(agg: Any) -> dict[str, Any]:
-        client = AggregatorClient(agg, config.study_id, ctx, connect_timeout=timeout, ca_file=config.ca_cert)
+        client = AggregatorClient(agg, config.study_id, ctx, connect_timeout=timeout, ca_file=config.ca_cert,
+                                  revocations=revoked)
         try:
             info = await asyncio.wait_for(client.info(), timeout)
             if party.role != "site":  # sites are not told which other sites are connected

@@ -49,7 +49,8 @@ from .http_protocol import (
     unpack_frames,
 )
 from .http_protocol import ERROR_CLASSES, exception_for  # noqa: F401  (importable from here too)
-from .tls import AuthError, authorize, peer_identity
+from .revocation import RevocationList
+from .tls import AuthError
 
 __all__ = [
     "MESSAGE_TYPE",
@@ -109,6 +110,7 @@ class AggregatorClient:
         max_response_bytes: int = 1 << 30,
         connect_timeout: float = 10.0,
         ca_file: object = "the study's ca.pem",
+        revocations: RevocationList | None = None,
     ):
         self.config = config
         self.name = config.name
@@ -119,7 +121,8 @@ class AggregatorClient:
         self._idle: list[_Connection] = []
         # Blocking connections for bulk requests (used from worker threads).
         self._bulk = BulkConnections(config, study_id, ssl_context, max_response_bytes=max_response_bytes,
-                                     connect_timeout=connect_timeout, ca_file=ca_file)
+                                     connect_timeout=connect_timeout, ca_file=ca_file,
+                                     revocations=revocations)
 
     def __repr__(self) -> str:
         return f"AggregatorClient({self.name!r}, {self.config.url})"
@@ -139,10 +142,10 @@ class AggregatorClient:
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
             raise self._bulk.connect_error(exc) from None
         try:
-            authorize(peer_identity(writer.get_extra_info("ssl_object")), self.study_id, {"aggregator"}, {self.name})
-        except AuthError as exc:
+            self._bulk.check_peer(writer.get_extra_info("ssl_object"))
+        except AuthError:
             writer.close()
-            raise AuthError(f"the server at {self.config.url} is not aggregator {self.name!r}: {exc}") from None
+            raise
         return _Connection(reader, writer)
 
     async def request(

@@ -18,6 +18,7 @@ from typing import Any
 
 from .config_schema import AggregatorConfig
 from .http_protocol import Response, TransportError
+from .revocation import RevocationList
 from .tls import AuthError, authorize, peer_identity
 from .tls_errors import explain_client
 
@@ -48,12 +49,11 @@ class BlockingConnection(http.client.HTTPSConnection):
         except BaseException:
             sock.close()
             raise
-        c = self.pool
         try:
-            authorize(peer_identity(self.sock), c.study_id, {"aggregator"}, {c.name})
-        except AuthError as exc:
+            self.pool.check_peer(self.sock)
+        except AuthError:
             self.close()
-            raise AuthError(f"the server at {c.config.url} is not aggregator {c.name!r}: {exc}") from None
+            raise
 
 
 class BulkConnections:
@@ -68,8 +68,10 @@ class BulkConnections:
         max_response_bytes: int,
         connect_timeout: float,
         ca_file: object = "the study's ca.pem",
+        revocations: RevocationList | None = None,
     ):
         self.ca_file = ca_file
+        self.revocations = revocations
         self.config = config
         self.name = config.name
         self.study_id = study_id
@@ -79,6 +81,18 @@ class BulkConnections:
         self._lock = threading.Lock()
         self._idle: list[BlockingConnection] = []
         self._busy: set[BlockingConnection] = set()
+
+    def check_peer(self, ssl_object) -> None:
+        """The aggregator's study, role and name from its certificate, and that it is not revoked
+        (run by the client on every new connection, before a byte of a request); `AuthError` if not."""
+        try:
+            authorize(peer_identity(ssl_object), self.study_id, {"aggregator"}, {self.name})
+        except AuthError as exc:
+            raise AuthError(f"the server at {self.config.url} is not aggregator {self.name!r}: {exc}") from None
+        if self.revocations is not None and self.revocations.is_revoked(ssl_object.getpeercert(binary_form=True)):
+            raise AuthError(f"aggregator {self.name!r} at {self.config.url} presents a revoked certificate (on the "
+                            f"study's revocation list {self.revocations.path}); its operator needs new keys: "
+                            f"secagg-roc keys add {self.name} --replace")
 
     def connect_error(self, exc: BaseException) -> Exception:
         """The error for a failed connection to the aggregator: `AuthError` with its fix for TLS

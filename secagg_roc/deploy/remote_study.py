@@ -67,6 +67,7 @@ from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient, retry
 from .http_protocol import ServiceError, TransportError, exception_for
 from .site_presence import connected
+from .revocation import RevocationList
 from .tls import client_ssl_context
 
 __all__ = ["RemoteStudy"]
@@ -112,9 +113,10 @@ class RemoteStudy(Study):
         ctx = client_ssl_context(self.config.ca_cert, party.cert, party.key)
         # Aggregate shares are as large as the largest share a site may send.
         limit = 4 * self.config.max_body_bytes + (1 << 20)
+        revoked = RevocationList(self.config.ca_crl, self.config.ca_cert)
         self.clients = [
             AggregatorClient(a, self.study_id, ctx, max_response_bytes=limit, connect_timeout=connect_timeout,
-                             ca_file=self.config.ca_cert)
+                             ca_file=self.config.ca_cert, revocations=revoked)
             for a in self.config.aggregators
         ]
         #: (query name, round number, seconds, contributors) of every round this client ran.

@@ -2,8 +2,10 @@
 
 Written by the study coordinator (``secagg-roc keys revoke NAME``, with the CA
 key); read by every Aggregator, which refuses any request made with a revoked
-certificate (403, naming the party and the rule). The list is public, signed by
-the study CA, and the aggregators re-read it when the file changes, so handing
+certificate (403, naming the party and the rule), and by every client of an
+aggregator (Sites, the Analyst, ``status``), which refuses to talk to an
+aggregator whose certificate is revoked. The list is public, signed by
+the study CA, and every party re-reads it when the file changes, so handing
 the new ``crl.pem`` to the aggregator operators is all a revocation takes: no
 restart, and the other parties keep serving. After a revocation the party gets
 a new key and certificate with ``secagg-roc keys add NAME --replace``.
@@ -109,11 +111,19 @@ class RevocationList:
         if stamp != self._stamp:
             first, self._stamp = self._checked_once is False, stamp
             self._checked_once = True
+            if stamp is None:
+                # Revocation is for good: a list that disappears while serving un-revokes nobody.
+                if self.serials:
+                    log.warning("revocation list %s is gone; still refusing the %d certificate(s) revoked before",
+                                self.path, len(self.serials))
+                return
             try:
-                self.serials = frozenset(read_crl(self.path, self.ca)) if stamp is not None else frozenset()
+                listed = frozenset(read_crl(self.path, self.ca))
             except ConfigError as exc:  # keep the list we had: a bad file must not un-revoke anyone
                 log.error("%s; still refusing the %d certificates revoked before", exc, len(self.serials))
                 return
+            # An older list (fewer serials) read after a newer one does not un-revoke either.
+            self.serials = self.serials | listed
             if not first:  # a change while serving: the operator sees the revocation take effect
                 log.info("revocation list %s re-read: %d revoked certificate(s)", self.path, len(self.serials))
 

@@ -58,6 +58,7 @@ from .site_check import site_check
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
 from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
+from .revocation import RevocationList
 from .tls import AuthError, client_ssl_context
 
 __all__ = [
@@ -106,7 +107,9 @@ class SiteAgent(SiteAnswers):
                          synchronous=synchronous)
         self.poll_wait = poll_wait
         ctx = client_ssl_context(config.ca_cert, self.party.cert, self.party.key)
-        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert) for a in config.aggregators]
+        revoked = RevocationList(config.ca_crl, config.ca_cert)  # an aggregator can be revoked too
+        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked)
+                        for a in config.aggregators]
         self.links = LinkLog(log)
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
         self._acked: set[tuple[int, int]] = set()
