@@ -16,7 +16,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .stats.bands import roc_band, wilson_interval
-from .stats.results import CalibrationCurve, RocGlmResult
+from .stats.results import CalibrationCurve
+from .stats.rocglm_result import RocGlmResult
 
 __all__ = ["PLOT_FORMATS", "roc_rows", "calibration_rows", "write_csv", "write_tables", "write_plots"]
 

@@ -17,7 +17,8 @@ import numpy as np
 from .stats.bands import roc_band, wilson_interval
 
 if TYPE_CHECKING:
-    from .stats.results import CalibrationCurve, RocGlmResult
+    from .stats.results import CalibrationCurve
+    from .stats.rocglm_result import RocGlmResult
 
 
 def _pyplot():

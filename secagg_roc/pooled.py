@@ -18,9 +18,17 @@ from .stats.calibration import assemble_curve
 from .stats.delong import logit_ci as _logit_ci, raw_ci
 from .stats.families import check_family
 from .stats.glm import fit_glm_arrays
-from .stats.results import CalibrationCurve, GlmResult, RocGlmResult
-from .stats.rocglm import GLM_NAMES, assemble, resolve_thresholds
-from .stats.survival import empirical_roc, exceedance_counts, sorted_reference, survivor
+from .stats.results import CalibrationCurve, GlmResult
+from .stats.rocglm_result import RocGlmResult
+from .stats.rocglm import DEFAULT_TIES, GLM_NAMES, assemble, resolve_thresholds
+from .stats.survival import (
+    empirical_roc,
+    exact_exceedance_counts,
+    placement_numerators,
+    sorted_reference,
+    survivor,
+    threshold_fractions,
+)
 
 
 def _check(y, s, *, probability: bool = False, both_classes: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -96,28 +104,37 @@ def fit_glm(
     return fit_glm_arrays(np.asarray(y), X, family=check_family(family), weights=weights, names=names)
 
 
-def rocglm_frame(y, s, thresholds=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The ROC-GLM's probit data as weighted rows (response, Phi^-1(t), count), as the sites build them."""
+def rocglm_frame(y, s, thresholds=None, ties: str = DEFAULT_TIES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ROC-GLM's probit data as weighted rows (response, Phi^-1(t), count), as the sites build them.
+
+    Placement values are compared with the thresholds exactly, in integers
+    (the grid's j/(n-1), or each given float's exact value).
+    """
     from scipy.special import ndtri
 
     y, s = _check(y, s)
     t = resolve_thresholds(thresholds)
-    pv = survivor(sorted_reference(s[y == 0]), s[y == 1], ties="strict")
-    hits = exceedance_counts(pv, t).astype(float)
+    grid = 30 if thresholds is None else (int(thresholds) if isinstance(thresholds, (int, np.integer)) else None)
+    num, den = placement_numerators(sorted_reference(s[y == 0]), s[y == 1], ties=ties)
+    hits = exact_exceedance_counts(num, den, threshold_fractions(t, grid)).astype(float)
     x = ndtri(t)
     return (
         np.concatenate([np.ones_like(t), np.zeros_like(t)]),
         np.concatenate([x, x]),
-        np.concatenate([hits, pv.size - hits]),
+        np.concatenate([hits, num.size - hits]),
     )
 
 
-def roc_glm(y, s, thresholds=None, alpha: float = 0.05) -> RocGlmResult:
-    """ROC-GLM on pooled records with exact survivor functions (the reference of the distributed fit)."""
+def roc_glm(y, s, thresholds=None, alpha: float = 0.05, ties: str = DEFAULT_TIES) -> RocGlmResult:
+    """ROC-GLM on pooled records with exact survivor functions (the reference of the distributed fit).
+
+    `ties`: "half" (default) counts a positive tied with negatives 1/2 in its
+    placement value, "strict" is the paper's definition.
+    """
     y, s = _check(y, s)
     t = resolve_thresholds(thresholds)
-    resp, x, w = rocglm_frame(y, s, t)
-    glm = fit_glm_arrays(resp, x[:, None], family="probit", weights=w, names=list(GLM_NAMES))
+    resp, x, w = rocglm_frame(y, s, thresholds, ties)
+    glm = fit_glm_arrays(resp, x[:, None], family="probit", weights=w, names=list(GLM_NAMES), response=None)
     pl_neg, pl_pos = placements(y, s)
     return assemble(
         glm,
@@ -131,6 +148,7 @@ def roc_glm(y, s, thresholds=None, alpha: float = 0.05) -> RocGlmResult:
         alpha=alpha,
         mode="pooled",
         roc_points=empirical_roc(sorted_reference(s[y == 0]), sorted_reference(s[y == 1])),
+        ties=ties,
     )
 
 

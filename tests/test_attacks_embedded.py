@@ -201,8 +201,11 @@ def test_huge_values_are_clipped_not_refused():
     data["h2"]["age"] = data["h2"]["age"] * 1e12
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", sr.stats.ConvergenceWarning)
+        warnings.simplefilter("ignore", sr.stats.AliasedWarning)
         got = sr.fit_glm(_study(data), "y", "age")
-    assert np.all(np.isfinite(got.coef))
+    # A result, not a refusal: clipped values may leave age inestimable, reported as aliased (R's NA).
+    estimable = np.array([n not in got.aliased for n in got.names])
+    assert np.isfinite(got.coef[0]) and np.all(np.isfinite(np.asarray(got.coef)[estimable]))
 
 
 # 6 -- no single aggregator holds a site's DP release ---------------------------------------------------

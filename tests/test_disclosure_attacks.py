@@ -325,13 +325,15 @@ def test_rocglm_with_two_positives_reveals_their_exact_scores():
     assert spy.released_queries() == []  # not even the join
     _, released = _round(rounds, "rocglm.scores")
     _, sums = _round(rounds, "rocglm.placement_sums")
-    _, ssd = _round(rounds, "rocglm.placement_ssd")
     pinned = []
-    if ssd is not None:
+    if sums is not None:
+        # Two positives: their placement numerators a1, a2 (over 2 n0) from their sum and sum of squares.
         neg = np.sort(np.concatenate([v["negative"] for v in released.values()]))
-        m, d = float(sums["positive"][0]) / 2, np.sqrt(max(float(ssd["positive"][0]), 0.0) / 2)
-        for pv in (m + d, m - d):  # the larger placement value belongs to the smaller score
-            above = round(pv * neg.size)  # noisy negatives above the positive's exact score
+        total = int(sums["positive"][0])
+        squares = int(sums["positive_sq_hi"][0]) * 2**32 + int(sums["positive_sq_lo"][0])
+        m, d = total / 2, np.sqrt(max(squares / 2 - total**2 / 4, 0.0))
+        for a in (m + d, m - d):  # the larger placement value belongs to the smaller score
+            above = round(a / 2)  # noisy negatives above the positive's exact score
             lo = neg[neg.size - above - 1] if above < neg.size else 0.0
             hi = neg[neg.size - above] if above > 0 else 1.0
             pinned.append((lo, hi))

@@ -136,7 +136,7 @@ def test_stop_rule_is_relative_deviance_change():
         devs.append(dev)
         return np.zeros(1), np.eye(1), dev
 
-    _, _, dev, iters, ok = fisher_scoring(evaluate, 1)
+    _, _, dev, iters, ok, _ = fisher_scoring(evaluate, 1)
     assert ok
     # Stops at the first k with 2^-k / (100 + 2^-k + 0.1) < 1e-8, i.e. k = 24 (2^-24 = 6e-8 -> 5.9e-10...).
     k = next(k for k in range(1, 60) if (2.0 ** -(k - 1) - 2.0**-k) / (100.0 + 2.0**-k + 0.1) < 1e-8)

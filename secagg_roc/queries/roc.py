@@ -16,12 +16,13 @@ Protocol (the plan is `stats.rocglm`):
    analyst); they define the survivor functions S~0 (negatives) and S~1
    (positives), and reach each site's queries as derived values of the step.
 4. GLM design ``"rocglm"``: each site turns its positives' placement values
-   S~0(score) into the ROC-GLM's binary responses at every threshold, as
+   S~0(score) (ties strict or 1/2, as the analysis declares) into the
+   ROC-GLM's binary responses at every threshold, compared in integers, as
    weighted rows (y, probit(t), count); the distributed Fisher scoring of
    `queries.glm` then fits the probit model.
-5. ``rocglm.placement_sums`` and ``rocglm.placement_ssd``: distributed mean and
-   sum of squared deviations of the placement values S~1(negative score) and
-   S~0(positive score), for DeLong's variance.
+5. ``rocglm.placement_sums``: exact integer sums of the placement values
+   S~1(negative score) and S~0(positive score) (ties 1/2) and of their squares,
+   for the empirical AUC and DeLong's variance.
 """
 
 from __future__ import annotations
@@ -32,7 +33,13 @@ import numpy as np
 from scipy.special import ndtri
 
 from ..dp.gaussian import gaussian_noise
-from ..stats.survival import check_thresholds, exceedance_counts, survivor
+from ..stats.survival import (
+    check_thresholds,
+    exact_exceedance_counts,
+    placement_numerators,
+    split_squares,
+    threshold_fractions,
+)
 from .common import labels_scores, param, reference, score_range
 from .glm import Design, design
 from .registry import QueryResult, SiteData, site_query
@@ -74,22 +81,36 @@ def rocglm_scores(site: SiteData, params: dict[str, Any]) -> QueryResult:
     )
 
 
+def _ties(site: SiteData, params: dict[str, Any]) -> str:
+    ties = params.get("ties", "strict")
+    if ties not in ("strict", "half"):
+        raise site.fail(f"ties must be 'strict' or 'half', got {ties!r}")
+    return ties
+
+
 @design("rocglm")
 def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
     """The ROC-GLM rows of this site: for each threshold t, (1, probit(t), #{PV <= t}) and (0, probit(t), rest).
 
     PV is the placement value S~0(score) of each positive under the negatives'
-    pooled survivor function (strict inequality, as R's ``1 - ecdf``).
+    pooled survivor function: strict (the paper's, R's ``1 - ecdf``) or with
+    ties counted 1/2 (``ties: "half"``). Whether PV <= t is decided in integers
+    (`exact_exceedance_counts`), so a PV equal to a grid point j/(grid-1) is
+    never moved across it by rounding.
     """
     y, s = labels_scores(site, spec)
     neg_ref = reference(site, NEGATIVES_KEY)
     try:
         t = check_thresholds(spec.get("thresholds", []))
-    except ValueError as exc:
+        grid = spec.get("grid")
+        fractions = threshold_fractions(t, None if grid is None else int(grid))
+        if len(fractions) != t.size:
+            raise ValueError(f"a grid of {grid} points has {len(fractions)} inner thresholds, not {t.size}")
+    except (TypeError, ValueError) as exc:
         raise site.fail(str(exc)) from None
-    pv = survivor(neg_ref, s[y == 1], ties="strict")
-    hits = exceedance_counts(pv, t).astype(np.float64)
-    n1 = float(pv.size)
+    num, den = placement_numerators(neg_ref, s[y == 1], ties=_ties(site, spec))
+    hits = exact_exceedance_counts(num, den, fractions).astype(np.float64)
+    n1 = float(num.size)
     x = ndtri(t)
     resp = np.concatenate([np.ones_like(t), np.zeros_like(t)])
     X = np.concatenate([x, x])[:, None]
@@ -97,27 +118,24 @@ def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
     return resp, X, w, int(y.size)
 
 
-def _placements(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, int]:
-    """(S~1 at negatives' scores, S~0 at positives' scores, records), ties counted 1/2."""
+@site_query("rocglm.placement_sums", outputs={k: "int" for k in (
+    "negative", "negative_sq_hi", "negative_sq_lo", "positive", "positive_sq_hi", "positive_sq_lo")})
+def rocglm_placement_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """Exact integer sums of the DeLong placement values and of their squares (run by a Site).
+
+    Placement values, ties counted 1/2: S~1 at the site's negatives (over the
+    positives' pooled sample) and S~0 at its positives. Each is a numerator over
+    the public denominator 2n of its reference sample; the numerators and their
+    squares (split in high and low 32 bits) are summed as integers, so the
+    analyst's mean and variance carry no fixed-point rounding.
+    """
     y, s = labels_scores(site, params)
     neg_ref, pos_ref = reference(site, NEGATIVES_KEY), reference(site, POSITIVES_KEY)
-    return survivor(pos_ref, s[y == 0], ties="half"), survivor(neg_ref, s[y == 1], ties="half"), int(y.size)
-
-
-@site_query("rocglm.placement_sums", outputs={"negative": "float", "positive": "float"})
-def rocglm_placement_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Sums of the placement values of negatives (under S~1) and of positives (under S~0)."""
-    pl_neg, pl_pos, records = _placements(site, params)
-    return QueryResult({"negative": np.array([pl_neg.sum()]), "positive": np.array([pl_pos.sum()])}, records=records)
-
-
-@site_query("rocglm.placement_ssd", outputs={"negative": "float", "positive": "float"})
-def rocglm_placement_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Sums of squared deviations of the placement values from the public means."""
-    pl_neg, pl_pos, records = _placements(site, params)
-    m_neg = param(site, params, "mean_negative", float)
-    m_pos = param(site, params, "mean_positive", float)
-    return QueryResult(
-        {"negative": np.array([np.sum((pl_neg - m_neg) ** 2)]), "positive": np.array([np.sum((pl_pos - m_pos) ** 2)])},
-        records=records,
-    )
+    out: dict[str, np.ndarray] = {}
+    for name, ref, x in (("negative", pos_ref, s[y == 0]), ("positive", neg_ref, s[y == 1])):
+        num, _ = placement_numerators(ref, x, ties="half")
+        hi, lo = split_squares(num)
+        out[name] = np.array([int(num.sum())], dtype=np.int64)
+        out[f"{name}_sq_hi"] = np.array([hi], dtype=np.int64)
+        out[f"{name}_sq_lo"] = np.array([lo], dtype=np.int64)
+    return QueryResult(out, records=int(y.size))

@@ -8,12 +8,16 @@ policy, and only secure totals (or per-site DP releases) come back.
 from . import sensitivity  # noqa: F401  (registers the ``sensitivity`` plan)
 from .sums import column_sums
 from .calibration import BrierScore, brier_score, calibration_curve
-from .glm import ConvergenceWarning, FitError, fit_glm
-from .results import AucTest, CalibrationCurve, GlmResult, NamedArray, RocGlmResult
+from .glm import AliasedWarning, ConvergenceWarning, FitError, SeparationWarning, fit_glm
+from .results import CalibrationCurve, GlmResult, NamedArray
+from .rocglm_result import AucTest, DegenerateAucWarning, RocGlmResult
 from .rocglm import AucAgreementWarning, NonPrivateWarning, binormal_auc, roc_glm
 
 __all__ = [
+    "AliasedWarning",
     "AucAgreementWarning",
+    "DegenerateAucWarning",
+    "SeparationWarning",
     "AucTest",
     "BrierScore",
     "CalibrationCurve",
@@ -30,3 +34,4 @@ __all__ = [
     "fit_glm",
     "roc_glm",
 ]
+

@@ -27,7 +27,7 @@ import numpy as np
 from scipy.special import ndtr, ndtri
 
 if TYPE_CHECKING:
-    from .results import RocGlmResult
+    from .rocglm_result import RocGlmResult
 
 __all__ = ["roc_band", "wilson_interval"]
 

@@ -22,126 +22,36 @@ back at the end.
 from __future__ import annotations
 
 import math
-import warnings
-from typing import TYPE_CHECKING, Any, Callable, Generator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import SecAggError
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..queries.groups import small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
-from .results import GlmResult, NamedArray
+from .fisher import (  # noqa: F401  (FitError, ConvergenceWarning, fisher_scoring: importable from here too)
+    MAX_ITER,
+    TOL,
+    AliasedWarning,
+    ConvergenceWarning,
+    FitError,
+    SeparationWarning,
+    check_response,
+    finish,
+    fisher_scoring,
+    fisher_steps,
+    null_deviance,
+)
+from .results import GlmResult
 
 if TYPE_CHECKING:  # the analyst only calls methods of the study it is given
     from ..study import Study
 
 INTERCEPT = "(Intercept)"
-MAX_ITER = 25
-TOL = 1e-8
-#: Fisher steps taken after R's rule is met, while a step still exceeds STEP_TOL.
-POLISH_STEPS = 3
-STEP_TOL = 1e-10
 #: Precision of the centring and scaling rounds (their totals need only be approximate).
 MEAN_FRAC_BITS = 16
 SSD_FRAC_BITS = 8
-
-Evaluate = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, float]]
-#: Fisher scoring as a conversation: yields coefficients, receives (score, information, deviance).
-Steps = Generator[np.ndarray, tuple[np.ndarray, np.ndarray, float], tuple[np.ndarray, np.ndarray, float, int, bool]]
-
-
-class FitError(SecAggError, ArithmeticError):
-    """The GLM cannot be fitted (singular information, constant covariate...)."""
-
-
-class ConvergenceWarning(UserWarning):
-    """Fisher scoring stopped at the iteration limit without meeting the deviance rule."""
-
-
-def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, polish: int = POLISH_STEPS) -> Steps:
-    """Fisher scoring from beta = 0 with R's deviance stopping rule, one evaluation at a time.
-
-    Yields the coefficients at which to evaluate (score, information,
-    deviance) and receives them: from a secure round in the distributed plan,
-    from local arithmetic in the pooled reference, so both follow exactly the
-    same path. Returns (beta, information, deviance, iterations, converged).
-
-    Convergence is R's rule, ``|dev - dev_old| / (|dev| + 0.1) < tol``. Probit
-    Fisher scoring converges only linearly, and where the rule fires the
-    coefficients can still be ~1e-5 from the maximum (more on the original
-    scale of covariates with large means). So once the rule is met the
-    Fisher step the last totals already determine is applied, and at most
-    `polish` further steps are taken while a step still moves a coefficient
-    by more than 1e-10. Deviance and information are those of the last round
-    (at the final estimate they differ by far less than their fixed-point
-    rounding). `iterations` counts Fisher steps; it never exceeds `max_iter`.
-    """
-    beta = np.zeros(n_coef)
-    dev_old: float | None = None
-    met_at: int | None = None
-    for it in range(max_iter + 1):
-        score, info, dev = yield beta
-        if not (np.all(np.isfinite(score)) and np.all(np.isfinite(info)) and math.isfinite(dev)):
-            raise FitError(f"non-finite score, information or deviance at iteration {it}")
-        try:
-            step = np.linalg.solve(info, score)
-        except np.linalg.LinAlgError:
-            step = None
-        usable = step is not None and bool(np.all(np.isfinite(step)))
-        if met_at is None and dev_old is not None and abs(dev - dev_old) / (abs(dev) + 0.1) < tol:
-            met_at = it
-        if met_at is not None:
-            if not usable or it == max_iter:
-                return beta, info, dev, it, True
-            beta = beta + step
-            if it - met_at >= polish or np.max(np.abs(step), initial=0.0) <= STEP_TOL:
-                return beta, info, dev, it + 1, True
-            continue
-        if it == max_iter:
-            break
-        if not usable:
-            if it == 0:
-                raise FitError(
-                    "the Fisher information is singular: collinear or constant covariates, or no variation in the response"
-                )
-            break
-        beta = beta + step
-        dev_old = dev
-    warnings.warn(
-        f"Fisher scoring did not converge within {max_iter} iterations (separation or too few records?)",
-        ConvergenceWarning,
-        stacklevel=3,
-    )
-    return beta, info, dev, it, False
-
-
-def fisher_scoring(
-    evaluate: Evaluate,
-    n_coef: int,
-    *,
-    max_iter: int = MAX_ITER,
-    tol: float = TOL,
-    polish: int = POLISH_STEPS,
-) -> tuple[np.ndarray, np.ndarray, float, int, bool]:
-    """`fisher_steps` driven by a local `evaluate(beta)` (the pooled reference)."""
-    steps = fisher_steps(n_coef, max_iter=max_iter, tol=tol, polish=polish)
-    try:
-        beta = next(steps)
-        while True:
-            beta = steps.send(evaluate(beta))
-    except StopIteration as done:
-        return done.value
-
-
-def inverse_information(info: np.ndarray) -> np.ndarray:
-    """Covariance = inverse Fisher information (symmetrised against rounding)."""
-    try:
-        cov = np.linalg.inv(info)
-    except np.linalg.LinAlgError:
-        return np.full_like(info, np.nan)
-    return 0.5 * (cov + cov.T)
 
 
 def _coef_names(X: Sequence[str], n_cols: int, names: Sequence[str] | None) -> list[str]:
@@ -182,6 +92,7 @@ def fit_design_rounds(
     tol: float = TOL,
     context: Mapping[str, Any] | None = None,
     total_weight: float | None = None,
+    response: str | None = None,
 ) -> Generator[Step, Any, GlmResult]:
     """Plan steps: fit a GLM on a site-side design (see `queries.glm`) by distributed Fisher scoring.
 
@@ -190,6 +101,8 @@ def fit_design_rounds(
     values the design reads at the sites (the ROC-GLM's reference sample).
     `total_weight`, the released sum of the rows' prior weights (default: the
     run's record count), bounds the totals and so sets the precision.
+    `response` names the 0/1 response of a model on the sites' arrays: a
+    response with one class only stops the fit after the first round.
     """
     family = check_family(family)
     center = np.asarray(center, dtype=float).reshape(-1)
@@ -202,6 +115,7 @@ def fit_design_rounds(
     frac_bits = precision(64.0 * max(1.0, float(weight)), ctx.n_sites)
     steps = fisher_steps(p + 1, max_iter=max_iter, tol=tol)
     records = ctx.run.records
+    first = None
     try:
         beta = next(steps)
         while True:
@@ -209,28 +123,20 @@ def fit_design_rounds(
             tot = yield Step("glm.fisher", params, frac_bits=frac_bits, context=context or {})
             records = tot.records
             k = beta.size
-            beta = steps.send((
+            totals = (
                 np.asarray(tot["score"], dtype=float).reshape(k),
                 np.asarray(tot["info"], dtype=float).reshape(k, k),
                 float(np.asarray(tot["deviance"]).reshape(-1)[0]),
-            ))
+            )
+            if first is None:
+                first = null_deviance(family, *totals)
+                if response is not None:
+                    check_response(response, first[1], first[2])
+            beta = steps.send(totals)
     except StopIteration as done:
-        b, info, dev, iters, ok = done.value
-    # Back to the original scale: eta = b0 + sum b_j (x_j - c_j) / s_j.
-    A = np.eye(p + 1)
-    A[0, 1:] = -center / scale
-    A[1:, 1:] = np.diag(1.0 / scale)
-    return GlmResult(
-        coef=NamedArray(A @ b, names),
-        cov=A @ inverse_information(info) @ A.T,
-        deviance=dev,
-        iterations=iters,
-        converged=ok,
-        family=family,
-        n_records=records,
-        mode="distributed",
-        contributors=ctx.run.contributors,
-    )
+        b, info, dev, iters, ok, aliased = done.value
+    return finish(b, info, dev, iters, ok, aliased, center=center, scale=scale, names=names, family=family,
+                  n_records=records, null_dev=first[0], mode="distributed", contributors=ctx.run.contributors)
 
 
 def _glm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
@@ -297,7 +203,7 @@ def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, G
         center, scale, coef_names = np.zeros(0), np.ones(0), [INTERCEPT]
     return (yield from fit_design_rounds(
         ctx, design, family=args["family"], names=coef_names, center=center, scale=scale,
-        max_iter=args["max_iter"], tol=args["tol"], total_weight=weight,
+        max_iter=args["max_iter"], tol=args["tol"], total_weight=weight, response=args["y"],
     ))
 
 
@@ -339,8 +245,13 @@ def fit_glm_arrays(
     max_iter: int = MAX_ITER,
     tol: float = TOL,
     mode: str = "pooled",
+    response: str | None = "y",
 ) -> GlmResult:
-    """The same Fisher scoring on arrays in memory (the pooled reference)."""
+    """The same Fisher scoring on arrays in memory (the pooled reference).
+
+    `response` names the response in the error for a one-class response;
+    None skips that check (the ROC-GLM's pseudo-observations, as in its plan).
+    """
     family = check_family(family)
     y = np.asarray(y, dtype=float).reshape(-1)
     X = np.zeros((y.size, 0)) if X is None else np.asarray(X, dtype=float)
@@ -354,16 +265,13 @@ def fit_glm_arrays(
         names = [INTERCEPT, *(f"x{j + 1}" for j in range(X.shape[1]))]
     else:
         names = _coef_names([], X.shape[1], names)
-    b, info, dev, iters, ok = fisher_scoring(
+    score0, info0, dev0 = fisher_parts(y, Z, w, np.zeros(Z.shape[1]), family)
+    null_dev, events, weight = null_deviance(family, score0, info0, dev0)
+    if response is not None:
+        check_response(response, events, weight)
+    b, info, dev, iters, ok, aliased = fisher_scoring(
         lambda beta: fisher_parts(y, Z, w, beta, family), Z.shape[1], max_iter=max_iter, tol=tol
     )
-    return GlmResult(
-        coef=NamedArray(b, names),
-        cov=inverse_information(info),
-        deviance=dev,
-        iterations=iters,
-        converged=ok,
-        family=family,
-        n_records=int(y.size),
-        mode=mode,
-    )
+    return finish(b, info, dev, iters, ok, aliased, center=np.zeros(X.shape[1]), scale=np.ones(X.shape[1]),
+                  names=names, family=family, n_records=int(y.size), null_dev=null_dev, mode=mode,
+                  spread=X.std(axis=0) if X.shape[1] else None)

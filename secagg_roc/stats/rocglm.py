@@ -16,8 +16,8 @@ Steps (site side: `queries.roc`):
    ``(I(S~0(y_i) <= t_j), Phi^-1(t_j))`` (`stats.glm`);
 5. AUC = integral of the fitted curve over (0, 1), checked against the closed
    form Phi(gamma1 / sqrt(1 + gamma2^2));
-6. DeLong's variance from the distributed mean and sum of squared deviations of
-   the placement values; CI on the logit scale around the ROC-GLM AUC (the
+6. DeLong's variance from exact integer sums of the placement values and of
+   their squares (one secure round); CI on the logit scale around the ROC-GLM AUC (the
    paper's), and on the raw scale around the empirical AUC (pROC's).
 
 Accuracy under DP: the paper's classic calibration at its recommended
@@ -49,15 +49,22 @@ from ..plans import PlanContext, Step, plan, pooled_samples, run_analysis
 from ..policy import Policy
 from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
-from .glm import INTERCEPT, fit_design_rounds, precision
-from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, RocGlmResult
-from .survival import check_thresholds, default_thresholds, empirical_roc
+from .glm import INTERCEPT, fit_design_rounds
+from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray
+from .rocglm_result import DegenerateAucWarning, RocGlmResult
+from .survival import check_thresholds, default_thresholds, empirical_roc, exact_moments
 
 if TYPE_CHECKING:
     from ..study import Study
 
 GLM_NAMES = (INTERCEPT, "qnorm(t)")
 PARAM_NAMES = ("gamma1", "gamma2")
+#: How a positive whose score equals a negative's is placed in the ROC-GLM's response:
+#: "half" counts the tie 1/2, like the empirical AUC (the default: on scores with few
+#: levels "strict" biases the AUC upwards, e.g. aSAH's wfns: 0.891 against the empirical
+#: 0.824); "strict" is the paper's and Pepe's #{negatives > score}, for reproducing it.
+TIES = ("half", "strict")
+DEFAULT_TIES = "half"
 #: Largest accepted disagreement between the integrated and the closed-form AUC.
 AUC_AGREEMENT = 1e-6
 
@@ -109,6 +116,7 @@ def assemble(
     privacy: dict[str, Any] | None = None,
     roc_points: tuple[np.ndarray, np.ndarray] | None = None,
     contributors: tuple[str, ...] | None = None,
+    ties: str = DEFAULT_TIES,
 ) -> RocGlmResult:
     """The ROC-GLM result from the fitted probit GLM and the placement moments (distributed or pooled)."""
     g1, g2 = float(glm.coef[0]), float(glm.coef[1])
@@ -117,6 +125,13 @@ def assemble(
     # Mean placement of negatives under S~1 and 1 - mean placement of positives under S~0
     # are both the empirical AUC when the survivor functions are exact.
     auc_emp = 0.5 * (mean_negative + 1.0 - mean_positive)
+    if var_auc <= 0.0:
+        warnings.warn(f"the empirical AUC is {auc_emp:g}: DeLong's variance is 0 and both intervals have zero width, "
+                      "which can be misleading (pROC warns the same)", DegenerateAucWarning, stacklevel=3)
+    # The probit GLM's rows are n1 x thresholds pseudo-observations of the same positives, so its
+    # model-based standard errors are not those of gamma: say so wherever they are shown.
+    glm.se_note = ("ROC-GLM pseudo-observations (n1 x thresholds rows of the same positives) are not independent: "
+                   "these standard errors understate the uncertainty of gamma; use the DeLong interval of the AUC")
     return RocGlmResult(
         params=NamedArray([g1, g2], PARAM_NAMES),
         auc=auc,
@@ -136,6 +151,7 @@ def assemble(
         privacy=privacy,
         roc_points=roc_points,
         contributors=contributors,
+        ties=ties,
     )
 
 
@@ -159,7 +175,10 @@ def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     alpha = float(args.get("alpha", 0.05))
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
-    out = {"label": label, "score": score, "thresholds": policy.rocglm_thresholds, "alpha": alpha}
+    ties = args.get("ties", DEFAULT_TIES)
+    if ties not in TIES:
+        raise ValueError(f"ties must be one of {', '.join(map(repr, TIES))}, got {ties!r}")
+    out = {"label": label, "score": score, "thresholds": policy.rocglm_thresholds, "alpha": alpha, "ties": ties}
     mode = args.get("mode")  # present when the arguments are already canonical (a site re-declaring them)
     if mode not in (None, "dp", "non-private"):
         raise ValueError(f"mode must be 'dp' or 'non-private', got {mode!r}")
@@ -224,19 +243,19 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
     # The pooled release reaches every site's queries as derived values; its digest binds them to the round.
     context = {NEGATIVES_KEY: negatives, POSITIVES_KEY: positives}
     reference = {**base, "reference": _digest(negatives, positives)}
-    design = {**reference, "kind": "rocglm", "thresholds": t}
+    design = {**reference, "kind": "rocglm", "thresholds": t, "grid": args["thresholds"], "ties": args["ties"]}
     glm = yield from fit_design_rounds(
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
         total_weight=float(n1 * t.size),
     )
-    frac_bits = precision(2.0 * max(1, ctx.run.records), ctx.n_sites)
-    sums = yield Step("rocglm.placement_sums", reference, frac_bits=frac_bits, context=context)
-    m_neg = float(np.asarray(sums["negative"]).reshape(-1)[0]) / n0
-    m_pos = float(np.asarray(sums["positive"]).reshape(-1)[0]) / n1
-    ssd = yield Step("rocglm.placement_ssd", {**reference, "mean_negative": m_neg, "mean_positive": m_pos},
-                     frac_bits=frac_bits, context=context)
-    v_neg = max(float(np.asarray(ssd["negative"]).reshape(-1)[0]) / (n0 - 1), 0.0)
-    v_pos = max(float(np.asarray(ssd["positive"]).reshape(-1)[0]) / (n1 - 1), 0.0)
+    sums = yield Step("rocglm.placement_sums", reference, context=context)
+    n_ref = {"negative": n1, "positive": n0}  # a negative's placement is over the positives, and vice versa
+    moments = {
+        side: exact_moments(*(int(np.asarray(sums[f"{side}{part}"]).reshape(-1)[0]) for part in ("", "_sq_hi", "_sq_lo")),
+                            count=n0 if side == "negative" else n1, denominator=2 * n_ref[side])
+        for side in ("negative", "positive")
+    }
+    (m_neg, v_neg), (m_pos, v_pos) = moments["negative"], moments["positive"]
     privacy = None
     if private:
         privacy = {k: args[k] for k in ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")}
@@ -244,6 +263,7 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
     return assemble(
         glm, t, n_negative=n0, n_positive=n1, mean_negative=m_neg, mean_positive=m_pos,
         var_negative=v_neg, var_positive=v_pos, alpha=args["alpha"], mode="dp" if private else "non-private",
+        ties=args["ties"],
         privacy=privacy, roc_points=empirical_roc(negatives, positives), contributors=ctx.run.contributors,
     )
 
@@ -260,6 +280,7 @@ def roc_glm(
     thresholds: int | None = None,
     alpha: float = 0.05,
     score_range: tuple[float, float] | None = None,
+    ties: str = DEFAULT_TIES,
 ) -> RocGlmResult:
     """Distributed ROC-GLM of `score` for the 0/1 `label` over the sites of `study` (the ``rocglm`` plan).
 
@@ -270,10 +291,11 @@ def roc_glm(
     ``epsilon=None`` is the NON-PRIVATE validation mode (exact scores), which
     the policy must allow. The threshold grid (`thresholds`, the number of
     grid points) and `score_range` are the policy's; they may be given only
-    to state them.
+    to state them. `ties` places a positive tied with negatives: "half"
+    (default, as the empirical AUC) or "strict" (the paper's); the result says which.
     """
     args = {"label": label, "score": score, "epsilon": epsilon, "delta": delta, "mechanism": mechanism,
             "l2_sensitivity": None if l2_sensitivity is None else float(l2_sensitivity),
-            "thresholds": thresholds, "alpha": alpha,
+            "thresholds": thresholds, "alpha": alpha, "ties": ties,
             "score_range": None if score_range is None else [float(v) for v in score_range]}
     return run_analysis(study, "rocglm", args)

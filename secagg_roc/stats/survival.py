@@ -16,6 +16,7 @@ Conventions
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Literal
 
 import numpy as np
@@ -44,6 +45,70 @@ def survivor(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> np.ndarray:
         below = np.searchsorted(ref, x, side="left")
         return (greater + 0.5 * (at_most - below)) / n
     raise ValueError(f"ties must be 'strict' or 'half', got {ties!r}")
+
+
+def placement_numerators(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> tuple[np.ndarray, int]:
+    """`survivor` as exact integers: (numerators, denominator) with ``survivor = numerators / denominator``.
+
+    Strict: ``#{r > x} / n``; half: ``(2 #{r > x} + #{r = x}) / 2n``. Sums and
+    threshold comparisons of placement values are then exact, with no
+    floating-point rounding to decide whether k/n equals a threshold j/m.
+    """
+    ref = np.asarray(ref_sorted, dtype=float)
+    n = ref.size
+    if n == 0:
+        raise ValueError("survivor function of an empty reference sample")
+    x = np.asarray(x, dtype=float)
+    at_most = np.searchsorted(ref, x, side="right").astype(np.int64)
+    greater = n - at_most
+    if ties == "strict":
+        return greater, n
+    if ties == "half":
+        below = np.searchsorted(ref, x, side="left").astype(np.int64)
+        return 2 * greater + (at_most - below), 2 * n
+    raise ValueError(f"ties must be 'strict' or 'half', got {ties!r}")
+
+
+def threshold_fractions(thresholds: np.ndarray, grid: int | None = None) -> list[Fraction]:
+    """The thresholds as exact fractions: j/(grid-1) for the paper's grid of `grid` points, else each float's exact value."""
+    if grid is not None:
+        return [Fraction(j, int(grid) - 1) for j in range(1, int(grid) - 1)]
+    return [Fraction(float(t)) for t in np.asarray(thresholds, dtype=float).ravel()]
+
+
+def exact_exceedance_counts(numerators: np.ndarray, denominator: int, fractions: list[Fraction]) -> np.ndarray:
+    """For each threshold t_j, how many placement values numerators/denominator are <= t_j, decided in integers.
+
+    ``k / d <= p / q`` exactly when ``k <= floor(p d / q)``: no rounding can move a
+    placement value that equals a threshold to the other side of it.
+    """
+    num = np.sort(np.asarray(numerators, dtype=np.int64))
+    cuts = np.array([(f.numerator * int(denominator)) // f.denominator for f in fractions], dtype=np.int64)
+    return np.searchsorted(num, cuts, side="right").astype(np.int64)
+
+
+def exact_moments(total: int, square_hi: int, square_lo: int, count: int, denominator: int) -> tuple[float, float]:
+    """(mean, sample variance) of `count` placement values a_i / `denominator` from exact integer sums.
+
+    ``total = sum a_i`` and ``sum a_i^2 = square_hi * 2^32 + square_lo`` (split so
+    each part sums in 64 bits). Computed in rationals, rounded once.
+    """
+    squares = int(square_hi) * (1 << 32) + int(square_lo)
+    d2 = int(denominator) ** 2
+    mean = Fraction(int(total), int(count) * int(denominator))
+    if count < 2:
+        return float(mean), float("nan")
+    var = Fraction(int(count) * squares - int(total) ** 2, int(count) * (int(count) - 1) * d2)
+    return float(mean), float(max(var, Fraction(0)))
+
+
+def split_squares(numerators: np.ndarray) -> tuple[int, int]:
+    """(sum of (a^2 >> 32), sum of (a^2 & (2^32 - 1))) of non-negative integers a < 2^32, exact in 64 bits."""
+    a = np.asarray(numerators, dtype=np.uint64)
+    if a.size and int(a.max()) >= 1 << 32:
+        raise ValueError("placement numerators beyond 2^32 (more than 2^31 reference records)")
+    sq = a * a  # < 2^64: exact in uint64
+    return int(np.sum(sq >> np.uint64(32), dtype=np.uint64)), int(np.sum(sq & np.uint64(0xFFFFFFFF), dtype=np.uint64))
 
 
 def default_thresholds(n: int = 30) -> np.ndarray:
