@@ -7,6 +7,7 @@ scoring, its AUC with DeLong confidence intervals, the Brier score and
 calibration curves.
 """
 
+from . import pooled
 from .errors import (
     CombineError,
     ConfigError,
@@ -18,20 +19,30 @@ from .errors import (
     SecAggError,
     SiteQueryError,
 )
-from . import pooled
 from .federation import LocalFederation
 from .ledger import Ledger
 from .policy import DPPolicy, Policy
 from .ring import Encoding, FixedPoint
 from .stats import (
+    BootstrapResult,
     BrierScore,
     CalibrationCurve,
     GlmResult,
+    PartialAuc,
+    RocCoords,
     RocGlmResult,
+    RocTest,
+    average_precision,
+    bootstrap_ci,
     brier_score,
     calibration_curve,
+    coords,
     fit_glm,
+    log_loss,
+    partial_auc,
+    precision_recall_curve,
     roc_glm,
+    roc_test,
 )
 from .study import LocalStudy, Study, Totals
 
@@ -61,6 +72,17 @@ __all__ = [
     "Study",
     "Totals",
     "brier_score",
+    "log_loss",
+    "BootstrapResult",
+    "PartialAuc",
+    "RocCoords",
+    "RocTest",
+    "average_precision",
+    "bootstrap_ci",
+    "coords",
+    "partial_auc",
+    "precision_recall_curve",
+    "roc_test",
     "calibration_curve",
     "fit_glm",
     "pooled",

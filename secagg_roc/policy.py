@@ -136,6 +136,9 @@ class Policy:
     roles: Mapping[str, tuple[str, ...]] | None = None
     score_range: tuple[float, float] = (0.0, 1.0)
     calibration_bins: int = 10
+    #: "uniform" (equidistant bins of [0, 1]) or "quantile" (equal-count bins, edges from the scores' DP release).
+    #: One strategy per study: curves over different bins could be differenced.
+    calibration_strategy: str = "uniform"
     rocglm_thresholds: int = 30
     sensitivity_resolution: float = 1e-4
     dp: DPPolicy | None = field(default=None)
@@ -148,6 +151,8 @@ class Policy:
                 raise PolicyError(f"policy: {key} must be an integer >= {lo}, got {value!r}")
         if self.calibration_bins > 10_000 or self.rocglm_thresholds > 10_000:
             raise PolicyError("policy: calibration_bins and rocglm_thresholds must be at most 10000")
+        if self.calibration_strategy not in ("uniform", "quantile"):
+            raise PolicyError(f"policy: calibration_strategy must be 'uniform' or 'quantile', got {self.calibration_strategy!r}")
         cell = self.privacy_level if self.min_cell_count is None else self.min_cell_count
         if isinstance(cell, bool) or not isinstance(cell, int) or cell < 1:
             raise PolicyError(f"policy: min_cell_count must be an integer >= 1, got {cell!r}")
@@ -216,6 +221,8 @@ class Policy:
             "roles": None if self.roles is None else {r: list(a) for r, a in self.roles.items()},
             "score_range": list(self.score_range),
             "calibration_bins": self.calibration_bins,
+            # Only when set: the policies written before it keep their digests.
+            **({"calibration_strategy": self.calibration_strategy} if self.calibration_strategy != "uniform" else {}),
             "rocglm_thresholds": self.rocglm_thresholds,
             "sensitivity_resolution": self.sensitivity_resolution,
             "dp": None if self.dp is None else self.dp.to_dict(),

@@ -13,14 +13,19 @@ from typing import Sequence
 
 import numpy as np
 
-from .stats.binning import bin_index, released_cells
+from .stats.arrays import check_labels_scores as _check
+from .stats.binning import bin_index, quantile_edges, released_cells
+from .stats.bootstrap_pooled import bootstrap_ci
 from .stats.calibration import assemble_curve
-from .stats.delong import logit_ci as _logit_ci, raw_ci
+from .stats.delong import logit_ci as _logit_ci
+from .stats.delong import raw_ci
 from .stats.families import check_family
 from .stats.glm import fit_glm_arrays
+from .stats.precision_recall import average_precision, precision_recall_curve
 from .stats.results import CalibrationCurve, GlmResult
-from .stats.rocglm_result import RocGlmResult
+from .stats.roc_compare import coords, partial_auc, roc_test
 from .stats.rocglm import DEFAULT_TIES, GLM_NAMES, assemble, resolve_thresholds
+from .stats.rocglm_result import RocGlmResult
 from .stats.survival import (
     empirical_roc,
     exact_exceedance_counts,
@@ -29,25 +34,6 @@ from .stats.survival import (
     survivor,
     threshold_fractions,
 )
-
-
-def _check(y, s, *, probability: bool = False, both_classes: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    y = np.asarray(y)
-    s = np.asarray(s, dtype=float)
-    if y.ndim != 1 or s.ndim != 1 or y.size != s.size:
-        raise ValueError(f"labels and scores must be vectors of equal length (got {y.shape} and {s.shape})")
-    if y.dtype.kind == "b":
-        y = y.astype(np.int64)
-    if y.dtype.kind not in "iuf" or not np.all(np.isin(y, (0, 1))):
-        raise ValueError("labels must contain only 0 and 1")
-    if not np.all(np.isfinite(s)):
-        raise ValueError("scores must be finite")
-    if probability and (s.min() < 0 or s.max() > 1):
-        raise ValueError("scores must be probabilities in [0, 1]")
-    y = y.astype(np.int64)
-    if both_classes and (y.sum() == 0 or y.sum() == y.size):
-        raise ValueError("need at least one negative and one positive")
-    return y, s
 
 
 def auc(y, s) -> float:
@@ -152,18 +138,40 @@ def roc_glm(y, s, thresholds=None, alpha: float = 0.05, ties: str = DEFAULT_TIES
     )
 
 
-def brier_score(y, p) -> float:
-    """Mean squared difference between predicted probability and label."""
+def _sample_weight(sample_weight, n: int) -> np.ndarray:
+    if sample_weight is None:
+        return np.ones(n)
+    w = np.asarray(sample_weight, dtype=float).reshape(-1)
+    if w.size != n or not np.all(np.isfinite(w)) or np.any(w < 0) or not w.sum() > 0:
+        raise ValueError("sample_weight must hold one finite, non-negative weight per record, not all 0")
+    return w
+
+
+def brier_score(y, p, sample_weight=None) -> float:
+    """Mean squared difference between predicted probability and label (weighted as scikit-learn's)."""
     y, p = _check(y, p, probability=True, both_classes=False)
-    return float(np.mean((p - y) ** 2))
+    return float(np.average((p - y) ** 2, weights=_sample_weight(sample_weight, y.size)))
 
 
-def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=None) -> CalibrationCurve:
+def log_loss(y, p, sample_weight=None) -> float:
+    """Mean log-loss, p clipped to [eps, 1 - eps] (scikit-learn's ``log_loss`` for 0/1 labels)."""
+    from .queries.calibration import EPS
+
+    y, p = _check(y, p, probability=True, both_classes=False)
+    q = np.clip(p, EPS, 1.0 - EPS)
+    loss = -(y * np.log(q) + (1 - y) * np.log1p(-q))
+    return float(np.average(loss, weights=_sample_weight(sample_weight, y.size)))
+
+
+def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=None,
+                      strategy: str = "uniform") -> CalibrationCurve:
     """Calibration curve on pooled records, with the distributed curve's disclosure rule.
 
     With `sites` (one site label per record) each site's cells are released by
     the rule every site applies to the distributed curve
     (`stats.binning.released_cells`); without it the rule applies to the pooled cells.
+    `strategy` "quantile" makes equal-count bins (scikit-learn's
+    ``calibration_curve(strategy="quantile")``), the outer edges 0 and 1.
     """
     y = np.asarray(y)
     p = np.asarray(p, dtype=float)
@@ -172,7 +180,10 @@ def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=Non
     if not np.all(np.isfinite(p)) or (p.size and (p.min() < 0 or p.max() > 1)):
         raise ValueError("predictions must be probabilities in [0, 1]")
     groups = np.zeros(y.size, dtype=int) if sites is None else np.unique(np.asarray(sites), return_inverse=True)[1]
-    idx = bin_index(p, n_bins)
+    if strategy not in ("uniform", "quantile"):
+        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+    edges = quantile_edges(p, n_bins) if strategy == "quantile" else None
+    idx = bin_index(p, n_bins, edges)
     counts, sum_pred, sum_label = np.zeros(n_bins, dtype=np.int64), np.zeros(n_bins), np.zeros(n_bins)
     for g in np.unique(groups):
         mine = groups == g
@@ -183,7 +194,7 @@ def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=Non
         sum_label += np.where(keep, np.bincount(idx[mine], weights=y[mine].astype(float), minlength=n_bins), 0.0)
     return assemble_curve(
         counts, sum_pred, sum_label, privacy_level=min_cell_count, min_cell_count=min_cell_count,
-        n_records=y.size, mode="pooled",
+        n_records=y.size, mode="pooled", edges=edges,
     )
 
 
@@ -194,7 +205,14 @@ __all__ = [
     "delong_ci",
     "delong_ci_logit",
     "delong_variance",
+    "average_precision",
+    "bootstrap_ci",
+    "coords",
     "fit_glm",
+    "log_loss",
+    "partial_auc",
+    "precision_recall_curve",
+    "roc_test",
     "placements",
     "roc_glm",
     "rocglm_frame",

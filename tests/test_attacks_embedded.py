@@ -323,7 +323,7 @@ def test_a_glm_cannot_single_out_a_small_group():
     with pytest.raises(sr.SiteQueryError, match="site 'h2' does not take part.*covariate rare has a value held by "
                                                 "fewer than 5 records here"):
         sr.fit_glm(study, "y", "rare")
-    with pytest.raises(sr.SiteQueryError, match="weight w has a value held by fewer than 5 records here"):
+    with pytest.raises(sr.SiteQueryError, match="weight w (has a value held by|is dominated by) fewer than 5 records here"):
         sr.fit_glm(study, "y", "age", weights="w")
     with pytest.raises(sr.SiteQueryError, match="covariate site_level does not vary here"):
         sr.fit_glm(study, "y", ["age", "site_level"])

@@ -261,8 +261,8 @@ INVALID = [
     (_set("policy", {"min_cel_count": 3}), "policy: unknown key 'min_cel_count' (known keys here: "),
     (_set("policy", {"min_cell_count": 0}), "policy.min_cell_count: must be at least 1, got 0"),
     (_set("policy", {"allow_dropouts": "yes"}), "policy.allow_dropouts: must be true or false, got a string"),
-    (_set("policy", {"analyses": ["glm", "dump"]}), "policy.analyses: unknown analysis 'dump' (known: brier, "
-     "calibration, glm, rocglm, sensitivity, sum)"),
+    # (the known analyses grow with the library: the message is held up to their list)
+    (_set("policy", {"analyses": ["glm", "dump"]}), "policy.analyses: unknown analysis 'dump' (known: "),
     (_set("policy", {"analyses": "glm"}), "policy.analyses: must be an array of analysis names"),
     (_set("policy", {"score_range": [1, 0]}), "policy.score_range: must be two finite numbers [lower, upper]"),
     (_set("policy", {"calibration_bins": 0}), "policy.calibration_bins: must be between 1 and 10000, got 0"),

@@ -265,3 +265,150 @@ def test_rocglm_standard_errors_carry_their_caveat() -> None:
     assert r.glm.se_note and "not independent" in r.glm.se_note
     assert "Note: ROC-GLM pseudo-observations" in repr(r.glm)
     assert r.glm.to_dict()["se_note"] == r.glm.se_note
+
+
+# -- log-loss and sample weights (scikit-learn's sample_weight) --------------------------------
+
+
+def test_brier_and_log_loss_with_sample_weights_match_scikit_learn() -> None:
+    from sklearn.metrics import brier_score_loss
+    from sklearn.metrics import log_loss as sk_log_loss
+
+    rng = np.random.default_rng(11)
+    n = 400
+    y = rng.integers(0, 2, n)
+    p = np.clip(rng.beta(2, 2, n) * 0.6 + 0.4 * y * rng.random(n), 0, 1)
+    p[:3] = [0.0, 1.0, 0.5]  # the clipped ends of the log-loss
+    y[:2] = [1, 0]
+    w = rng.choice([1.0, 2.0, 3.0], n)  # categorical weights, every value held by many records
+    assert pooled.brier_score(y, p) == pytest.approx(brier_score_loss(y, p), rel=1e-12)
+    assert pooled.brier_score(y, p, sample_weight=w) == pytest.approx(brier_score_loss(y, p, sample_weight=w), rel=1e-12)
+    assert pooled.log_loss(y, p) == pytest.approx(sk_log_loss(y, p), rel=1e-12)
+    assert pooled.log_loss(y, p, sample_weight=w) == pytest.approx(sk_log_loss(y, p, sample_weight=w), rel=1e-12)
+    policy = Policy(roles={"label": ["y"], "score": ["p"], "weight": ["w"]})
+    study = _split({"y": y, "p": p, "w": w}, [100, 150, 150], policy=policy)
+    plain = sr.brier_score(study, "y", "p")
+    weighted = sr.brier_score(study, "y", "p", weights="w")
+    assert float(plain) == pytest.approx(brier_score_loss(y, p), abs=1e-9)
+    assert plain.log_loss == pytest.approx(sk_log_loss(y, p), abs=1e-8)
+    assert float(weighted) == pytest.approx(brier_score_loss(y, p, sample_weight=w), abs=1e-9)
+    assert weighted.log_loss == pytest.approx(sk_log_loss(y, p, sample_weight=w), abs=1e-8)
+    assert sr.log_loss(study, "y", "p", weights="w") == pytest.approx(weighted.log_loss)
+    assert weighted.to_dict()["weights"] == "w" and weighted.weights == "w"
+
+
+def test_a_weight_that_singles_out_a_record_is_refused() -> None:
+    rng = np.random.default_rng(12)
+    n = 300
+    y, p = rng.integers(0, 2, n), rng.random(n)
+    w = np.zeros(n)
+    w[7] = 1.0  # the weighted Brier score would be record 7's squared error
+    policy = Policy(roles={"label": ["y"], "score": ["p"], "weight": ["w"]})
+    study = _split({"y": y, "p": p, "w": w}, [100, 100, 100], policy=policy)
+    with pytest.raises(SecAggError, match="weight w (has a value held by|is dominated by) fewer than 5 records"):
+        sr.brier_score(study, "y", "p", weights="w")
+    undeclared = _split({"y": y, "p": p, "w": w}, [100, 100, 100], policy=Policy(roles={"label": ["y"], "score": ["p"]}))
+    with pytest.raises(SecAggError, match="weight"):
+        sr.brier_score(undeclared, "y", "p", weights="w")
+
+
+# -- quantile-binned calibration (scikit-learn's strategy="quantile") --------------------------
+
+
+def test_quantile_calibration_matches_scikit_learn_pooled_and_distributed() -> None:
+    from sklearn.calibration import calibration_curve as sk_curve
+
+    rng = np.random.default_rng(21)
+    n = 600
+    p = rng.beta(2, 3, n)
+    y = (rng.random(n) < p).astype(int)
+    ref = pooled.calibration_curve(y, p, n_bins=5, strategy="quantile")
+    prob_true, prob_pred = sk_curve(y, p, n_bins=5, strategy="quantile")
+    np.testing.assert_allclose(ref.observed[ref.released], prob_true, atol=1e-12)
+    np.testing.assert_allclose(ref.mean_predicted[ref.released], prob_pred, atol=1e-12)
+    assert ref.edges[0] == 0.0 and ref.edges[-1] == 1.0 and np.all(np.diff(ref.edges) > 0)
+    policy = Policy(allow_non_private=True, calibration_bins=5, calibration_strategy="quantile")
+    sizes = [200, 150, 250]
+    study = _split({"y": y, "score": p}, sizes, policy=policy)
+    got = sr.calibration_curve(study, "y", "score")
+    sites = np.repeat(np.arange(3), sizes)
+    same = pooled.calibration_curve(y, p, n_bins=5, strategy="quantile", min_cell_count=5, sites=sites)
+    np.testing.assert_allclose(got.edges, same.edges, atol=1e-12)
+    np.testing.assert_array_equal(got.released, same.released)
+    np.testing.assert_allclose(got.observed[got.released], same.observed[same.released], atol=1e-9)
+    with pytest.raises(SecAggError, match="calibration strategy is fixed by the study"):
+        sr.calibration_curve(study, "y", "score", strategy="uniform")
+    uniform = _split({"y": y, "score": p}, sizes, policy=Policy(calibration_bins=5))
+    with pytest.raises(SecAggError, match="calibration strategy is fixed by the study"):
+        sr.calibration_curve(uniform, "y", "score", strategy="quantile")
+
+
+def test_quantile_edges_come_from_the_dp_release_the_rocglm_already_paid_for() -> None:
+    from secagg_roc import DPPolicy
+
+    rng = np.random.default_rng(22)
+    n = 600
+    p = rng.beta(2, 3, n)
+    y = (rng.random(n) < p).astype(int)
+    dp = DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05, budget_epsilon=5.0, budget_delta=0.9)
+    policy = Policy(calibration_bins=5, calibration_strategy="quantile", dp=dp,
+                    roles={"label": ["y"], "score": ["score"]})
+    study = _split({"y": y, "score": p}, [200, 200, 200], policy=policy)
+    _quiet(sr.roc_glm, study, "y", "score")
+    spent = study.ledger("s0").summary()["dp_releases"]
+    curve = sr.calibration_curve(study, "y", "score")
+    assert study.ledger("s0").summary()["dp_releases"] == spent == 1  # replayed, not charged again
+    from secagg_roc.stats.binning import quantile_edges
+
+    assert curve.n_bins == 5 and np.all(np.diff(curve.edges) >= 0)
+    gap = np.max(np.abs(curve.edges - quantile_edges(p, 5)))
+    assert 0 < gap < 0.1  # noisy (DP), but near the exact quantiles
+    with pytest.raises(SecAggError, match="quantile calibration bins need every site"):
+        sr.calibration_curve(_split({"y": y, "score": p}, [200, 200, 200],
+                                    policy=policy.replace(allow_dropouts=True)), "y", "score")
+
+
+def test_continuous_weights_dominated_by_one_record_are_refused() -> None:
+    rng = np.random.default_rng(13)
+    n = 300
+    y, p = rng.integers(0, 2, n), rng.random(n)
+    w = rng.random(n) * 1e-6
+    w[7] = 1.0  # all distinct values, so not categorical, yet the weighted sums are record 7's
+    policy = Policy(roles={"label": ["y"], "score": ["p"], "weight": ["w"], "covariate": ["x"]})
+    study = _split({"y": y, "p": p, "w": w, "x": rng.normal(size=n)}, [100, 100, 100], policy=policy)
+    with pytest.raises(SecAggError, match="weight w is dominated by fewer than 5 records"):
+        sr.brier_score(study, "y", "p", weights="w")
+    with pytest.raises(SecAggError, match="weight w is dominated by fewer than 5 records"):
+        sr.fit_glm(study, "y", "x", weights="w")
+
+
+# -- precision-recall curve and average precision ----------------------------------------------
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**31), st.booleans(), st.integers(2, 6))
+def test_precision_recall_and_average_precision_match_scikit_learn(seed, ties, n_sites) -> None:
+    from sklearn.metrics import average_precision_score, precision_recall_curve
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(12 * n_sites, 300))
+    y = rng.integers(0, 2, n)
+    s = np.clip(rng.normal(0.4 + 0.2 * y, 0.2), 0, 1)
+    if ties:
+        s = np.round(s, 1)
+    if y.sum() in (0, n):
+        return
+    p, r, t = pooled.precision_recall_curve(y, s)
+    P, R, T = precision_recall_curve(y, s)
+    np.testing.assert_allclose(p, P, atol=1e-12)
+    np.testing.assert_allclose(r, R, atol=1e-12)
+    np.testing.assert_allclose(t, T, atol=0)
+    assert pooled.average_precision(y, s) == pytest.approx(average_precision_score(y, s), abs=1e-12)
+    sizes = np.diff(np.linspace(0, n, n_sites + 1).astype(int))
+    study = _split({"y": y, "score": s}, sizes, policy=Policy(allow_non_private=True, min_cell_count=1,
+                                                              analyses=("coords",)))
+    got = _quiet(sr.average_precision, study, "y", "score", epsilon=None)
+    assert got == pytest.approx(average_precision_score(y, s), abs=1e-12)
+    dp, dr, dt = _quiet(sr.precision_recall_curve, study, "y", "score", epsilon=None)
+    np.testing.assert_allclose(dp, P, atol=1e-12)
+    np.testing.assert_allclose(dt, T, atol=0)

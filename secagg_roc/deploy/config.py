@@ -78,6 +78,7 @@ Example (every key of the schema; the ones marked optional show their default)::
     analyses = ["glm", "rocglm", "brier", "calibration"]   # optional (this is the default)
     score_range = [0.0, 1.0]        # optional: public score range; scores outside it are clipped
     calibration_bins = 10          # optional: the calibration curve's fixed bins
+    calibration_strategy = "uniform" # optional: or "quantile" (equal-count bins from the scores' DP release)
     rocglm_thresholds = 30          # optional: the ROC-GLM's fixed threshold grid
     sensitivity_resolution = 0.0001 # optional: grid of the l2-sensitivity estimate
 

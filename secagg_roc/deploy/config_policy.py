@@ -61,6 +61,8 @@ def read_policy(top: TomlTable, privacy_level: int, min_sites: int) -> Policy:
         fields["score_range"] = (float(value[0]), float(value[1]))
     if "calibration_bins" in p.data:
         fields["calibration_bins"] = p.integer("calibration_bins", REQUIRED, lo=1, hi=10_000)
+    if "calibration_strategy" in p.data:
+        fields["calibration_strategy"] = p.choice("calibration_strategy", "uniform", ("uniform", "quantile"))
     if "rocglm_thresholds" in p.data:
         fields["rocglm_thresholds"] = p.integer("rocglm_thresholds", REQUIRED, lo=3, hi=10_000)
     if "sensitivity_resolution" in p.data:

@@ -28,3 +28,9 @@ __all__ = [
     "run_site_query",
     "site_query",
 ]
+
+# The pROC-style analyses' queries (DeLong sums, partial areas).
+from . import roc_compare  # noqa: E402,F401
+
+# The Poisson bootstrap's replicate totals (weights drawn at each site).
+from . import bootstrap  # noqa: E402,F401

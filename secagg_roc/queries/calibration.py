@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..stats.binning import bin_index, released_cells
-from .common import labels_scores, param
+from .common import labels_scores, param, weights
 from .registry import QueryResult, SiteData, site_query
 
 
@@ -32,11 +32,23 @@ def _n_bins(site: SiteData, params: dict[str, Any]) -> int:
     return n_bins
 
 
-@site_query("calibration.brier", outputs={"sse": "float"})
+#: Probabilities are clipped to [EPS, 1 - EPS] in the log-loss, as scikit-learn's ``log_loss`` does.
+EPS = float(np.finfo(np.float64).eps)
+
+
+@site_query("calibration.brier", outputs={"sse": "float", "log_loss": "float", "weight": "float"})
 def brier_parts(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Sum of squared differences between predicted probability and label."""
+    """Weighted sums of squared errors and of log-losses, and the weight total (run by a Site).
+
+    Weights are the array named by ``params["weights"]`` (ones without it),
+    as scikit-learn's ``sample_weight``.
+    """
     y, p = labels_scores(site, params)
-    return QueryResult({"sse": np.array([np.sum((p - y) ** 2)])}, records=int(y.size))
+    w = weights(site, params.get("weights"), y.size)
+    q = np.clip(p, EPS, 1.0 - EPS)
+    loss = -(y * np.log(q) + (1 - y) * np.log1p(-q))
+    return QueryResult({"sse": np.array([np.sum(w * (p - y) ** 2)]), "log_loss": np.array([np.sum(w * loss)]),
+                        "weight": np.array([w.sum()])}, records=int(y.size))
 
 
 @site_query("calibration.bins", outputs={"count": "int", "sum_pred": "float", "sum_label": "float"})
@@ -45,7 +57,12 @@ def bin_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
     y, p = labels_scores(site, params)
     n_bins = _n_bins(site, params)
     min_cell = param(site, params, "min_cell", int)
-    idx = bin_index(p, n_bins)
+    edges = params.get("edges")
+    if edges is not None:
+        e = np.asarray(edges, dtype=float) if isinstance(edges, list) else None
+        if e is None or e.shape != (n_bins + 1,) or not np.all(np.isfinite(e)) or np.any(np.diff(e) < 0):
+            raise site.fail(f"edges must be {n_bins + 1} finite non-decreasing numbers")
+    idx = bin_index(p, n_bins, edges)
     count = np.bincount(idx, minlength=n_bins)
     keep = released_cells(count, min_cell, positives=np.bincount(idx, weights=y, minlength=n_bins))
     sum_pred = np.bincount(idx, weights=p, minlength=n_bins)

@@ -59,6 +59,23 @@ def scores(site: SiteData, name: str, *, n: int | None = None) -> np.ndarray:
     return s
 
 
+def weights(site: SiteData, name: str | None, n: int) -> np.ndarray:
+    """The named prior-weight vector (finite, non-negative, length `n`) as float64; ones when `name` is None."""
+    if name is None:
+        return np.ones(n)
+    if not isinstance(name, str):
+        raise site.fail("query parameter 'weights' must be an array name")
+    w = np.asarray(site.array(name))
+    if w.ndim != 1 or w.dtype.kind not in "iuf":
+        raise site.fail(f"weight array {name!r} must be a numeric vector")
+    w = w.astype(np.float64)
+    if w.size != n:
+        raise site.fail(f"weight array {name!r} has a different length than the labels")
+    if not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise site.fail(f"weight array {name!r} must be finite and non-negative")
+    return w
+
+
 def score_range(site: SiteData, params: dict[str, Any]) -> tuple[float, float]:
     """The public score range ``params["score_range"]`` (the policy's, as the plan passes it)."""
     value = param(site, params, "score_range", list)

@@ -21,7 +21,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..stats.families import check_family, fisher_parts
-from .common import labels, matrix, param
+from .common import labels, matrix, param, weights
 from .registry import QueryResult, SiteData, site_query
 
 #: A design builder returns (y, X without intercept, prior weights, record count).
@@ -46,19 +46,7 @@ def arrays_design(site: SiteData, spec: dict[str, Any]) -> Design:
     """Response ``spec["y"]`` (0/1), covariates ``spec["X"]`` (names, may be empty), weights ``spec["weights"]``."""
     y = labels(site, param(site, spec, "y")).astype(np.float64)
     X = matrix(site, spec.get("X") or [], y.size)
-    w_name = spec.get("weights")
-    if w_name is None:
-        w = np.ones_like(y)
-    else:
-        w = np.asarray(site.array(w_name))
-        if w.ndim != 1 or w.dtype.kind not in "iuf":
-            raise site.fail(f"weight array {w_name!r} must be a numeric vector")
-        w = w.astype(np.float64)
-        if w.size != y.size:
-            raise site.fail(f"weight array {w_name!r} has a different length than the response")
-        if not np.all(np.isfinite(w)) or np.any(w < 0):
-            raise site.fail(f"weight array {w_name!r} must be finite and non-negative")
-    return y, X, w, int(y.size)
+    return y, X, weights(site, spec.get("weights"), y.size), int(y.size)
 
 
 def build_design(site: SiteData, params: dict[str, Any]) -> Design:

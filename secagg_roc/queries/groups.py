@@ -16,12 +16,14 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   with the label and with every other categorical column of the analysis; and
   no covariate or weight is constant at the site: a site-level value (a
   hospital's size, "teaching hospital") would single out the sites that share
-  it, inside a run over all of them.
+  it, inside a run over all of them; and no weight is dominated by a few
+  records (its largest ``min_cell - 1`` values holding more than half its
+  total: an (n, k)-dominance rule), since a weighted sum would then be theirs.
 
 A site whose data fail does not join the run; the refusal names the check,
 never a count or a value. What these checks cannot see -- a continuous
-covariate an analyst knows for every record, or continuous weights -- is a
-residual the policy limits by declaring which arrays may play which role.
+covariate an analyst knows for every record -- is a residual the policy limits
+by declaring which arrays may play which role.
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def _cross_small(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
     return _small(counts, min_cell)
 
 
+#: (n, k)-dominance of weights: the largest min_cell - 1 weights may hold at most this share of the total.
+DOMINANCE_SHARE = 0.5
+
+
+def _dominated(weights: np.ndarray, min_cell: int) -> bool:
+    # A weighted sum whose weight sits on a few records is theirs, whatever the other weights are.
+    w = np.sort(np.abs(weights))[::-1]
+    total = float(w.sum())
+    return total > 0 and float(w[: max(1, min_cell - 1)].sum()) > DOMINANCE_SHARE * total
+
+
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Labels of an analysis with a class of 1..min_cell-1 records at `site` (checked for every analysis)."""
     return [
@@ -86,6 +99,9 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             continue
         for name, column in _columns(site, array, names):
             values, counts = np.unique(column, return_counts=True)
+            if role == "weight" and _dominated(column, min_cell):
+                problems.append(f"weight {name} is dominated by fewer than {min_cell} records here")
+                continue
             if values.size == 1:
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
                 continue

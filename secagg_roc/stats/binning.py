@@ -19,11 +19,24 @@ def bin_edges(n_bins: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, n_bins + 1)
 
 
-def bin_index(scores, n_bins: int) -> np.ndarray:
-    """Index (0..n_bins-1) of the right-closed bin of each score in [0, 1]."""
-    edges = bin_edges(n_bins)
+def bin_index(scores, n_bins: int, edges=None) -> np.ndarray:
+    """Index (0..n_bins-1) of the right-closed bin of each score: equidistant bins of [0, 1], or `edges`.
+
+    With `edges` (n_bins + 1 non-decreasing numbers, e.g. quantiles) a score
+    goes to the first bin whose upper edge it does not exceed, as
+    scikit-learn's ``calibration_curve(strategy="quantile")`` assigns it.
+    """
+    edges = bin_edges(n_bins) if edges is None else np.asarray(edges, dtype=float)
     idx = np.searchsorted(edges, np.asarray(scores, dtype=float), side="left") - 1
     return np.clip(idx, 0, int(n_bins) - 1)
+
+
+def quantile_edges(scores, n_bins: int, lower: float = 0.0, upper: float = 1.0) -> np.ndarray:
+    """Edges of `n_bins` equal-count bins of `scores` (numpy's linear quantiles, as scikit-learn), the
+    outer two replaced by the public range [lower, upper] so no extreme score is released as an edge."""
+    q = np.quantile(np.asarray(scores, dtype=float), np.linspace(0.0, 1.0, int(n_bins) + 1))
+    q[0], q[-1] = lower, upper
+    return np.clip(q, lower, upper)
 
 
 def released_cells(counts, min_cell: int, positives=None) -> np.ndarray:

@@ -14,8 +14,12 @@ released bin total, and the withheld remainder, is 0 or at least
 ``min_cell_count``, and the records of small cells are never summed. A rule on the totals would lose fewer bins (3 records in a bin
 at each of five sites are withheld here), but deciding it needs the totals
 of the small cells first, and releasing those is exactly what the rule
-forbids. The bins themselves are fixed by the policy (``calibration_bins``):
-two curves with different bins could be differenced.
+forbids. The bins themselves are fixed by the policy (``calibration_bins`` and
+``calibration_strategy``): two curves with different bins could be differenced.
+Quantile bins take their edges from the scores' release at the policy's own DP
+parameters (the ROC-GLM's release, which a site's ledger replays), so every
+run of a study bins alike; a policy that allows dropouts cannot use them, as
+other contributor sets would give other edges.
 """
 
 from __future__ import annotations
@@ -26,7 +30,11 @@ import numpy as np
 
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..policy import Policy
-from .binning import bin_edges
+from ..queries.groups import small_groups
+from ..errors import PolicyError
+from ..plans import pooled_samples
+from .binning import bin_edges, quantile_edges
+from .glm import precision
 from .results import TRUSTED_HOST, TRUSTED_HOST_NOTE, CalibrationCurve
 
 if TYPE_CHECKING:
@@ -34,18 +42,27 @@ if TYPE_CHECKING:
 
 
 class BrierScore(float):
-    """The Brier score (a float) with the run's record count, contributing sites and mode (see `stats.results`)."""
+    """The Brier score (a float) with the run's record count, contributing sites and mode (see `stats.results`).
+
+    ``log_loss`` is the same run's mean log-loss; ``weights`` names the
+    prior-weight array (scikit-learn's ``sample_weight``), None for unit weights.
+    """
 
     n_records: int
     contributors: tuple[str, ...] | None
     mode: str
+    log_loss: float | None
+    weights: str | None
 
     def __new__(cls, value: float, n_records: int, contributors: tuple[str, ...] | None = None,
-                mode: str = "distributed") -> "BrierScore":
+                mode: str = "distributed", *, log_loss: float | None = None,
+                weights: str | None = None) -> "BrierScore":
         out = super().__new__(cls, value)
         out.n_records = int(n_records)
         out.contributors = contributors
         out.mode = mode
+        out.log_loss = None if log_loss is None else float(log_loss)
+        out.weights = weights
         return out
 
     @property
@@ -58,7 +75,8 @@ class BrierScore(float):
         self.mode = TRUSTED_HOST
 
     def to_dict(self) -> dict[str, Any]:
-        return {"brier": float(self), "n_records": self.n_records, "mode": self.mode, "private": self.private,
+        return {"brier": float(self), "log_loss": self.log_loss, "weights": self.weights,
+                "n_records": self.n_records, "mode": self.mode, "private": self.private,
                 "note": TRUSTED_HOST_NOTE if self.mode == TRUSTED_HOST else None,
                 "contributors": None if self.contributors is None else list(self.contributors)}
 
@@ -82,18 +100,49 @@ def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
     return [("label", args["label"]), ("score", args["score"])]
 
 
-@plan("brier", declare=_label_score, uses=_uses)
+def _brier_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
+    weights = args.get("weights")
+    if weights is not None and not isinstance(weights, str):
+        raise ValueError("weights must be an array name")
+    # Unweighted runs keep the two-argument form they always had.
+    return {**_label_score(policy, args), **({"weights": weights} if weights is not None else {})}
+
+
+def _brier_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
+    return _uses(args) + ([("weight", args["weights"])] if args.get("weights") else [])
+
+
+def _brier_small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    # A weight that singles out a few records would make the weighted sums theirs.
+    return small_groups(data, _brier_uses(args), policy.min_cell_count) if args.get("weights") else []
+
+
+@plan("brier", declare=_brier_declare, uses=_brier_uses, data_check=_brier_small_groups)
 def brier_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, BrierScore]:
-    """The ``brier`` plan: one secure sum of squared errors."""
-    tot = yield Step("calibration.brier", {**args, "score_range": probability_range(ctx.policy)})
-    if tot.records <= 0:
-        raise ValueError("the Brier score needs a record count from the sites")
-    return BrierScore(float(np.asarray(tot["sse"]).reshape(-1)[0]) / tot.records, tot.records, ctx.run.contributors)
+    """The ``brier`` plan: one secure round of (weighted) squared-error and log-loss sums."""
+    # Log-losses reach -log(eps) ~ 36 per record: the precision follows from the record count only.
+    frac_bits = precision(64.0 * max(1, ctx.run.records), ctx.n_sites)
+    tot = yield Step("calibration.brier", {**args, "score_range": probability_range(ctx.policy)}, frac_bits=frac_bits)
+    weight = float(np.asarray(tot["weight"]).reshape(-1)[0])
+    if tot.records <= 0 or not weight > 0:
+        raise ValueError("the Brier score needs records of positive total weight")
+    return BrierScore(float(np.asarray(tot["sse"]).reshape(-1)[0]) / weight, tot.records, ctx.run.contributors,
+                      log_loss=float(np.asarray(tot["log_loss"]).reshape(-1)[0]) / weight, weights=args.get("weights"))
 
 
-def brier_score(study: "Study", label: str, score: str) -> BrierScore:
-    """Mean squared difference between predicted probability and 0/1 label, over the sites."""
-    return run_analysis(study, "brier", {"label": label, "score": score})
+def brier_score(study: "Study", label: str, score: str, *, weights: str | None = None) -> BrierScore:
+    """Mean squared difference between predicted probability and 0/1 label, over the sites.
+
+    `weights` names a prior-weight array (scikit-learn's ``sample_weight``).
+    The result also carries the run's mean log-loss (``.log_loss``).
+    """
+    return run_analysis(study, "brier", {"label": label, "score": score, "weights": weights})
+
+
+def log_loss(study: "Study", label: str, score: str, *, weights: str | None = None) -> float:
+    """Mean log-loss ``-[y log p + (1 - y) log(1 - p)]`` over the sites, p clipped to [eps, 1 - eps]
+    as scikit-learn's ``log_loss``; the same ``brier`` analysis (one secure round) as `brier_score`."""
+    return float(brier_score(study, label, score, weights=weights).log_loss)
 
 
 def assemble_curve(
@@ -106,11 +155,12 @@ def assemble_curve(
     n_records: int,
     mode: str,
     contributors: tuple[str, ...] | None = None,
+    edges: np.ndarray | None = None,
 ) -> CalibrationCurve:
     """A `CalibrationCurve` from released per-bin totals (distributed or pooled); empty bins are suppressed."""
     counts = np.asarray(counts)
     n_bins = counts.size
-    edges = bin_edges(n_bins)
+    edges = bin_edges(n_bins) if edges is None else np.asarray(edges, dtype=float)
     mask = counts > 0
     count = np.where(mask, counts, np.nan).astype(float)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -134,31 +184,66 @@ def _calibration_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]
     out = _label_score(policy, args)
     n_bins = args.get("n_bins")
     if n_bins is not None and n_bins != policy.calibration_bins:
-        from ..errors import PolicyError
-
         raise PolicyError(
             f"policy: calibration bins are fixed by the study at calibration_bins = {policy.calibration_bins}; "
             f"{n_bins!r} bins were asked for (curves over other bins could be differenced)"
         )
+    strategy = args.get("strategy")
+    if strategy is not None and strategy != policy.calibration_strategy:
+        raise PolicyError(
+            f"policy: the calibration strategy is fixed by the study at calibration_strategy = "
+            f"{policy.calibration_strategy!r}; {strategy!r} was asked for (curves over other bins could be differenced)"
+        )
+    if policy.calibration_strategy == "quantile":
+        if policy.allow_dropouts:
+            # Other contributor sets would give other edges, and overlapping bins could be differenced.
+            raise PolicyError("policy: quantile calibration bins need every site in every run; this policy allows dropouts")
+        _quantile_release(policy, out["label"], out["score"])  # refuses here if the policy allows no release
+        return {**out, "n_bins": policy.calibration_bins, "strategy": "quantile"}
     return {**out, "n_bins": policy.calibration_bins}
+
+
+def _quantile_release(policy: Policy, label: str, score: str) -> dict[str, Any]:
+    """The score release quantile edges come from: the ROC-GLM's at the policy's own DP parameters (so a
+    site's ledger replays it), or the exact scores where the policy has no DP but allows that mode."""
+    base = {"label": label, "score": score, "score_range": list(policy.score_range)}
+    if policy.dp is not None:
+        return {**base, **policy.check_dp(None, None, None, None).params()}
+    policy.check_non_private()
+    return {**base, "non_private": True}
 
 
 @plan("calibration", declare=_calibration_declare, uses=_uses, min_records=lambda policy: policy.min_cell_count)
 def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, CalibrationCurve]:
-    """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site."""
+    """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site;
+    with quantile bins, first the scores' release the edges come from."""
     policy = ctx.policy
-    tot = yield Step("calibration.bins", {**args, "score_range": probability_range(policy),
-                                          "min_cell": policy.min_cell_count})
+    params = {**args, "score_range": probability_range(policy), "min_cell": policy.min_cell_count}
+    edges = None
+    if args.get("strategy") == "quantile":
+        params.pop("strategy")
+        released = yield Step("rocglm.scores", _quantile_release(policy, args["label"], args["score"]))
+        pooled = np.concatenate([pooled_samples(released, "negative"), pooled_samples(released, "positive")])
+        edges = quantile_edges(pooled, args["n_bins"], *probability_range(policy))
+        params["edges"] = [float(e) for e in edges]
+    tot = yield Step("calibration.bins", params)
     return assemble_curve(
         np.asarray(tot["count"]).astype(np.int64), tot["sum_pred"], tot["sum_label"],
         privacy_level=policy.privacy_level, min_cell_count=policy.min_cell_count, n_records=tot.records,
-        mode="distributed", contributors=ctx.run.contributors,
+        mode="distributed", contributors=ctx.run.contributors, edges=edges,
     )
 
 
-def calibration_curve(study: "Study", label: str, score: str, n_bins: int | None = None) -> CalibrationCurve:
-    """Calibration curve over the policy's equidistant probability bins (see the module docstring).
+def calibration_curve(study: "Study", label: str, score: str, n_bins: int | None = None,
+                      strategy: str | None = None) -> CalibrationCurve:
+    """Calibration curve over the policy's probability bins (see the module docstring).
 
-    `n_bins` may be omitted; if given it must equal the policy's ``calibration_bins``.
+    `n_bins` and `strategy` ("uniform" or "quantile") may be omitted; if given
+    they must equal the policy's ``calibration_bins`` and ``calibration_strategy``.
+    Quantile edges are quantiles of the scores' release at the policy's DP
+    parameters (the ROC-GLM's, so a site's budget pays for it once).
     """
-    return run_analysis(study, "calibration", {"label": label, "score": score, "n_bins": n_bins})
+    args = {"label": label, "score": score, "n_bins": n_bins}
+    if strategy is not None:
+        args["strategy"] = strategy
+    return run_analysis(study, "calibration", args)

@@ -20,6 +20,10 @@ from scipy.special import ndtr
 NON_PRIVATE_NOTE = (
     "NON-PRIVATE validation mode: the sites released their exact scores to the analyst"
 )
+class NonPrivateWarning(UserWarning):
+    """The analysis released exact scores to the analyst (non-private validation mode)."""
+
+
 #: The mode, and the note, of every result of the plaintext trusted-host baseline.
 TRUSTED_HOST = "trusted-host"
 TRUSTED_HOST_NOTE = "NON-PRIVATE trusted-host baseline: one host saw every site's values in the clear"

@@ -50,7 +50,8 @@ from ..policy import Policy
 from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
 from .glm import INTERCEPT, fit_design_rounds
-from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray
+from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, NonPrivateWarning  # noqa: F401  (importable from here)
+from .roc_release import check_score_range, declare_privacy
 from .rocglm_result import DegenerateAucWarning, RocGlmResult
 from .survival import check_thresholds, default_thresholds, empirical_roc, exact_moments
 
@@ -67,10 +68,6 @@ TIES = ("half", "strict")
 DEFAULT_TIES = "half"
 #: Largest accepted disagreement between the integrated and the closed-form AUC.
 AUC_AGREEMENT = 1e-6
-
-
-class NonPrivateWarning(UserWarning):
-    """The analysis released exact scores to the analyst (non-private validation mode)."""
 
 
 class AucAgreementWarning(UserWarning):
@@ -166,12 +163,7 @@ def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
             f"policy: the ROC-GLM threshold grid is fixed by the study at rocglm_thresholds = "
             f"{policy.rocglm_thresholds}; {grid!r} was asked for"
         )
-    lo_hi = args.get("score_range")
-    if lo_hi is not None and [float(v) for v in lo_hi] != list(policy.score_range):
-        raise PolicyError(
-            f"policy: the score range is fixed by the study at {list(policy.score_range)}; scores outside it "
-            "are clipped"
-        )
+    check_score_range(policy, args)
     alpha = float(args.get("alpha", 0.05))
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie strictly between 0 and 1, got {alpha}")
@@ -179,28 +171,7 @@ def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     if ties not in TIES:
         raise ValueError(f"ties must be one of {', '.join(map(repr, TIES))}, got {ties!r}")
     out = {"label": label, "score": score, "thresholds": policy.rocglm_thresholds, "alpha": alpha, "ties": ties}
-    mode = args.get("mode")  # present when the arguments are already canonical (a site re-declaring them)
-    if mode not in (None, "dp", "non-private"):
-        raise ValueError(f"mode must be 'dp' or 'non-private', got {mode!r}")
-    epsilon = args.get("epsilon", "auto") if mode is None else (None if mode == "non-private" else args.get("epsilon"))
-    if epsilon is None:
-        if any(args.get(k) is not None for k in ("delta", "l2_sensitivity")):
-            raise ValueError("epsilon=None selects the non-private validation mode; do not pass delta or l2_sensitivity")
-        policy.check_non_private()
-        return {**out, "mode": "non-private"}
-    if mode == "dp":
-        pass
-    elif epsilon == "auto":
-        if args.get("delta") is not None:
-            raise ValueError("epsilon='auto' takes (epsilon, delta) from the policy; pass both or neither")
-        epsilon = None
-    elif isinstance(epsilon, str):
-        raise ValueError(f"epsilon must be a number, 'auto' or None, got {epsilon!r}")
-    elif args.get("delta") is None:
-        raise ValueError("delta is required with a numeric epsilon")
-    l2 = args.get("l2_sensitivity")
-    request = policy.check_dp(epsilon, args.get("delta"), None if l2 is None else float(l2), args.get("mechanism"))
-    return {**out, "mode": "dp", **request.params()}
+    return {**out, **declare_privacy(policy, args)}
 
 
 def _rocglm_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
