@@ -176,6 +176,10 @@ class Policy:
         _positive(self.sensitivity_resolution, "sensitivity_resolution")
         if self.dp is not None and not isinstance(self.dp, DPPolicy):
             set_(self, "dp", DPPolicy(**dict(self.dp)))
+        if self.calibration_strategy == "quantile" and (self.roles is None or len(self.roles.get("label", ())) != 1):
+            # Edges come from a (label, score) release: two labels would bin the same scores two ways.
+            raise PolicyError("policy: quantile calibration bins need exactly one declared label (roles.label), "
+                              "so that every curve of a score bins it alike")
         if self.dp is not None and (self.roles is None or not self.roles.get("label") or not self.roles.get("score")):
             # The l2-sensitivity is a property of particular scores, and a DP release splits them by a label:
             # without roles an analyst could release any column, split by any 0/1 column.

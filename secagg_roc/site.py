@@ -218,6 +218,9 @@ class Site:
     def _per_site(self, query: Query, info: RunInfo, number: int, step: Step, seeds, replay: bool = False
                   ) -> tuple[list, list]:
         """A per-site release: replayed from the ledger, or computed, charged and recorded."""
+        if step.params.get("non_private") is True:
+            # Whatever analysis asks for it: exact per-site values need the operator's consent too.
+            self._check_consent({"mode": "non-private"})
         blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
         key = hashlib.sha256(blob.encode()).hexdigest()
         stored = self.ledger.lookup(key)

@@ -327,7 +327,8 @@ def test_quantile_calibration_matches_scikit_learn_pooled_and_distributed() -> N
     np.testing.assert_allclose(ref.observed[ref.released], prob_true, atol=1e-12)
     np.testing.assert_allclose(ref.mean_predicted[ref.released], prob_pred, atol=1e-12)
     assert ref.edges[0] == 0.0 and ref.edges[-1] == 1.0 and np.all(np.diff(ref.edges) > 0)
-    policy = Policy(allow_non_private=True, calibration_bins=5, calibration_strategy="quantile")
+    policy = Policy(allow_non_private=True, calibration_bins=5, calibration_strategy="quantile",
+                    roles={"label": ["y"], "score": ["score"]})
     sizes = [200, 150, 250]
     study = _split({"y": y, "score": p}, sizes, policy=policy)
     got = sr.calibration_curve(study, "y", "score")
@@ -336,9 +337,12 @@ def test_quantile_calibration_matches_scikit_learn_pooled_and_distributed() -> N
     np.testing.assert_allclose(got.edges, same.edges, atol=1e-12)
     np.testing.assert_array_equal(got.released, same.released)
     np.testing.assert_allclose(got.observed[got.released], same.observed[same.released], atol=1e-9)
+    assert got.mode == "non-private" and not got.private  # its edges are exact scores' quantiles
     with pytest.raises(SecAggError, match="calibration strategy is fixed by the study"):
         sr.calibration_curve(study, "y", "score", strategy="uniform")
     uniform = _split({"y": y, "score": p}, sizes, policy=Policy(calibration_bins=5))
+    with pytest.raises(SecAggError, match="exactly one declared label"):
+        Policy(calibration_strategy="quantile", roles={"label": ["y", "y2"], "score": ["score"]})
     with pytest.raises(SecAggError, match="calibration strategy is fixed by the study"):
         sr.calibration_curve(uniform, "y", "score", strategy="quantile")
 

@@ -69,11 +69,34 @@ def _cross_small(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
 DOMINANCE_SHARE = 0.5
 
 
+#: Weights are compared at this resolution relative to their largest magnitude at the site.
+WEIGHT_RESOLUTION = 1e-3
+
+
+def _coarse(weights: np.ndarray) -> np.ndarray:
+    top = float(np.max(np.abs(weights), initial=0.0))
+    return weights if top == 0 else np.round(weights / (top * WEIGHT_RESOLUTION)) * (top * WEIGHT_RESOLUTION)
+
+
 def _dominated(weights: np.ndarray, min_cell: int) -> bool:
-    # A weighted sum whose weight sits on a few records is theirs, whatever the other weights are.
+    """Whether fewer than `min_cell` records carry a weighted sum, or its difference from an unweighted one.
+
+    A weighted sum whose weight sits on a few records is theirs: the largest
+    ``min_cell - 1`` weights may hold at most half the total. And since the
+    unweighted run is always there to subtract (any multiple of it), the
+    deviations from the median weight may not sit on fewer than ``min_cell``
+    records either: their largest ``min_cell - 1`` may hold at most
+    (min_cell - 1) / min_cell of the total, which a group of ``min_cell``
+    equal deviations just meets.
+    """
+    k = max(1, min_cell - 1)
     w = np.sort(np.abs(weights))[::-1]
     total = float(w.sum())
-    return total > 0 and float(w[: max(1, min_cell - 1)].sum()) > DOMINANCE_SHARE * total
+    if total > 0 and float(w[:k].sum()) > DOMINANCE_SHARE * total:
+        return True
+    d = np.sort(np.abs(weights - np.median(weights)))[::-1]
+    spread = float(d.sum())
+    return spread > 0 and float(d[:k].sum()) > (k / (k + 1)) * spread + 1e-12 * spread
 
 
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
@@ -98,10 +121,14 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         if role not in ("covariate", "weight"):
             continue
         for name, column in _columns(site, array, names):
+            if role == "weight":
+                if _dominated(column, min_cell):
+                    problems.append(f"weight {name} is dominated by fewer than {min_cell} records here")
+                    continue
+                # Weights are judged at a coarse resolution: 1 + 1e-6 u with one 0, or a site's 50 + 1e-6 u,
+                # are categorical or constant in effect (the unweighted run differences them out).
+                column = _coarse(column)
             values, counts = np.unique(column, return_counts=True)
-            if role == "weight" and _dominated(column, min_cell):
-                problems.append(f"weight {name} is dominated by fewer than {min_cell} records here")
-                continue
             if values.size == 1:
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
                 continue

@@ -198,8 +198,10 @@ def _calibration_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]
         if policy.allow_dropouts:
             # Other contributor sets would give other edges, and overlapping bins could be differenced.
             raise PolicyError("policy: quantile calibration bins need every site in every run; this policy allows dropouts")
-        _quantile_release(policy, out["label"], out["score"])  # refuses here if the policy allows no release
-        return {**out, "n_bins": policy.calibration_bins, "strategy": "quantile"}
+        release = _quantile_release(policy, out["label"], out["score"])  # refuses if the policy allows none
+        # The mode is a declared argument: a site's operator consents to it (or not) at the join.
+        mode = "non-private" if release.get("non_private") else "dp"
+        return {**out, "n_bins": policy.calibration_bins, "strategy": "quantile", "mode": mode}
     return {**out, "n_bins": policy.calibration_bins}
 
 
@@ -213,7 +215,14 @@ def _quantile_release(policy: Policy, label: str, score: str) -> dict[str, Any]:
     return {**base, "non_private": True}
 
 
-@plan("calibration", declare=_calibration_declare, uses=_uses, min_records=lambda policy: policy.min_cell_count)
+def _calibration_min_records(policy: Policy) -> int:
+    # Quantile bins start with the per-site score release, which needs q records at a site as the ROC-GLM's does.
+    if policy.calibration_strategy == "quantile":
+        return max(policy.privacy_level, policy.min_cell_count)
+    return policy.min_cell_count
+
+
+@plan("calibration", declare=_calibration_declare, uses=_uses, min_records=_calibration_min_records)
 def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, CalibrationCurve]:
     """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site;
     with quantile bins, first the scores' release the edges come from."""
@@ -222,6 +231,7 @@ def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step
     edges = None
     if args.get("strategy") == "quantile":
         params.pop("strategy")
+        params.pop("mode")
         released = yield Step("rocglm.scores", _quantile_release(policy, args["label"], args["score"]))
         pooled = np.concatenate([pooled_samples(released, "negative"), pooled_samples(released, "positive")])
         edges = quantile_edges(pooled, args["n_bins"], *probability_range(policy))
@@ -230,7 +240,8 @@ def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step
     return assemble_curve(
         np.asarray(tot["count"]).astype(np.int64), tot["sum_pred"], tot["sum_label"],
         privacy_level=policy.privacy_level, min_cell_count=policy.min_cell_count, n_records=tot.records,
-        mode="distributed", contributors=ctx.run.contributors, edges=edges,
+        mode="non-private" if args.get("mode") == "non-private" else "distributed",
+        contributors=ctx.run.contributors, edges=edges,
     )
 
 

@@ -7,16 +7,18 @@ Steps (site side: `queries.roc_compare`):
    parameters, or exact in the non-private validation mode; shared with the
    ROC-GLM's release of the same scores, so replayed, not charged, when the
    sites made it before); the analyst and every site pool them;
-3. one secure round: each site sums its records' shares of the partial area
-   (its cases' against the pooled controls' sample for a specificity range,
-   its controls' against the cases' for a sensitivity range);
+3. in the non-private mode, one secure round: each site sums its records'
+   shares of the partial area (its cases' against the pooled controls' sample
+   for a specificity range, its controls' against the cases' for a
+   sensitivity range); under DP nothing more: the area is that of the
+   released samples (post-processing), since exact strip areas against a
+   small released class would give its fine table (20 strips, 20 unknowns);
 4. the analyst divides by the class size and, on request, applies McClish's
    standardisation (pROC's ``partial.auc.correct``).
 
 With exact releases this is pROC's partial AUC of the pooled records (the
 empirical curve, interpolated linearly at the range's ends and along ties,
-direction "<"). Under DP only the reference sample carries noise; the other
-class's scores are the sites' own.
+direction "<"). Under DP it is the partial AUC of the DP-noised scores.
 
 The range's ends are cut points: two partial AUCs over nearby ranges differ
 by the ROC curve's height there, so an analyst free to choose them could read
@@ -38,6 +40,7 @@ from ..errors import PolicyError
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..policy import Policy
 from ..queries.roc_compare import FOCI, check_bounds
+from .roc_arith import partial_areas
 from .roc_compare import assemble_partial, check_range
 from .roc_compare_results import PartialAuc
 from .roc_release import (
@@ -103,16 +106,26 @@ def area_bits(records: int, n_sites: int) -> int:
 
 @plan("pauc", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level)
 def pauc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, PartialAuc]:
-    """The ``pauc`` plan: counts, the score release, one secure round of partial areas."""
+    """The ``pauc`` plan: counts, the score release; in the non-private mode one secure round of partial
+    areas, under DP the area of the released samples (post-processing, like `coords`)."""
     score = args["score"]
     released = yield from release_rounds(ctx, args, [score], least=1)
-    params = {"label": args["label"], "score": score, "score_range": list(ctx.policy.score_range),
-              "focus": args["focus"], "bounds": args["bounds"], "reference": released.digest([score])}
-    sums = yield Step("roc.partial_area", params, frac_bits=area_bits(ctx.run.records, ctx.n_sites),
-                      context=released.context([score]))
     lo, hi = args["bounds"]
+    if args["mode"] == "dp":
+        # Post-processing of the release only: exact strip areas against a small released reference class
+        # would, over the grid's 20 strips, give the exact count of cases between consecutive released
+        # controls -- the fine table `coords` does not release either.
+        neg, pos = released.negatives[score], released.positives[score]
+        ref, own, case = (neg, pos, True) if args["focus"] == "specificity" else (pos, neg, False)
+        area = float(partial_areas(ref, own, case=case, bounds=(lo, hi)).sum())
+    else:
+        params = {"label": args["label"], "score": score, "score_range": list(ctx.policy.score_range),
+                  "focus": args["focus"], "bounds": args["bounds"], "reference": released.digest([score])}
+        sums = yield Step("roc.partial_area", params, frac_bits=area_bits(ctx.run.records, ctx.n_sites),
+                          context=released.context([score]))
+        area = float(np.asarray(sums["area"]).reshape(-1)[0])
     return assemble_partial(
-        float(np.asarray(sums["area"]).reshape(-1)[0]), focus=args["focus"], bounds=(lo, hi), correct=args["correct"],
+        area, focus=args["focus"], bounds=(lo, hi), correct=args["correct"],
         n_negative=released.n_negative, n_positive=released.n_positive,
         allow_invalid_correct=args["allow_invalid_correct"], score=score, mode=mode_of(args),
         privacy=privacy_record(ctx.policy, args, releases=1), contributors=ctx.run.contributors,

@@ -218,8 +218,9 @@ class CalibrationCurve:
 
     @property
     def private(self) -> bool:
-        """False for the trusted-host baseline: its host saw every site's cells."""
-        return self.mode != TRUSTED_HOST
+        """False for the trusted-host baseline (its host saw every site's cells) and for quantile bins
+        whose edges came from exact scores (the non-private validation mode)."""
+        return self.mode not in (TRUSTED_HOST, "non-private")
 
     def mark_trusted_host(self) -> None:
         """Label this result as computed by the plaintext trusted-host baseline (not private)."""
@@ -236,7 +237,7 @@ class CalibrationCurve:
         return {
             "mode": self.mode,
             "private": self.private,
-            "note": TRUSTED_HOST_NOTE if self.mode == TRUSTED_HOST else None,
+            "note": {TRUSTED_HOST: TRUSTED_HOST_NOTE, "non-private": NON_PRIVATE_NOTE}.get(self.mode),
             "n_bins": self.n_bins,
             "edges": np.asarray(self.edges).tolist(),
             "count": clean(self.count),

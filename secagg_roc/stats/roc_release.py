@@ -144,12 +144,30 @@ def release_rounds(ctx: PlanContext, args: Mapping[str, Any], scores: Sequence[s
         base = base_params(policy, args, score)
         extra = {k: args[k] for k in PRIVACY_KEYS} if private else {"non_private": True}
         released = yield Step("rocglm.scores", {**base, **extra})
+        check_class_sites(released, policy)
         neg, pos = pooled_samples(released, "negative"), pooled_samples(released, "positive")
         if neg.size != n0 or pos.size != n1:
             raise ValueError(f"the sites released {neg.size} negative and {pos.size} positive scores of {score!r}, "
                              f"but the secure counts are {n0} and {n1}")
         negatives[score], positives[score] = neg, pos
     return Released(n0, n1, negatives, positives)
+
+
+def check_class_sites(released: Mapping[str, Any], policy: Policy) -> None:
+    """Stop a run whose controls or cases sit at fewer than ``min_sites`` sites (Analyst and Sites alike).
+
+    Later exact sums over one class (DeLong placement sums, partial areas)
+    would otherwise be one site's totals. The per-site class sizes are public
+    in the release, so this refusal depends on nothing else. Like the other
+    small-group rules it is off where ``min_cell_count = 1`` (a simulation).
+    """
+    if policy.min_cell_count <= 1:
+        return
+    for kind, name in (("negative", "controls"), ("positive", "cases")):
+        holding = sum(1 for arrays in released.values() if np.asarray(arrays[kind]).size > 0)
+        if holding < policy.min_sites:
+            raise PolicyError(f"policy: the {name} of this run sit at fewer than min_sites = {policy.min_sites} "
+                              f"sites; sums over them would be one site's totals")
 
 
 def privacy_record(policy: Policy, args: Mapping[str, Any], releases: int) -> dict[str, Any] | None:

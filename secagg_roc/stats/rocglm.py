@@ -51,7 +51,7 @@ from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
 from .glm import INTERCEPT, fit_design_rounds
 from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, NonPrivateWarning  # noqa: F401  (importable from here)
-from .roc_release import check_score_range, declare_privacy
+from .roc_release import check_class_sites, check_score_range, declare_privacy
 from .rocglm_result import DegenerateAucWarning, RocGlmResult
 from .survival import check_thresholds, default_thresholds, empirical_roc, exact_moments
 
@@ -205,6 +205,7 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
             warnings.warn(NON_PRIVATE_NOTE + " (epsilon=None)", NonPrivateWarning, stacklevel=4)
         release = {**base, "non_private": True}
     released = yield Step("rocglm.scores", release)
+    check_class_sites(released, policy)  # the placement sums below are per class
     negatives, positives = pooled_samples(released, "negative"), pooled_samples(released, "positive")
     if negatives.size != n0 or positives.size != n1:
         raise ValueError(
