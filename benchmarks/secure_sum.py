@@ -62,7 +62,7 @@ def main() -> None:
             values = dict(zip(sites, vectors))
             plain = median_time(lambda: plain_sum(vectors), args.repeats)
             for n in (2, 3):
-                fed = LocalFederation(sites, n_aggregators=n, min_sites=2, transcripts=False, max_open_rounds=10**6)
+                fed = LocalFederation(sites, n_aggregators=n)  # the default arguments: light transcripts
                 total = fed.secure_sum(values)
                 assert np.allclose(total, plain_sum(vectors), atol=k * 2.0**-31)
                 secure = median_time(lambda: fed.secure_sum(values), args.repeats)

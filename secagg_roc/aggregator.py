@@ -286,6 +286,8 @@ class Aggregator:
         self.scheme = scheme
         self.max_open_rounds = max_open_rounds
         self.rounds: dict[int, Round] = {}
+        #: Numbers of the rounds still open: counting them must not cost a scan of every round ever run.
+        self._open: set[int] = set()
         self.runbook = RunBook(policy.sites, policy.allow_dropouts)
         self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
 
@@ -314,6 +316,7 @@ class Aggregator:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
         self.runbook.check_open(query, lambda n: n in self.rounds and self.rounds[n].released_over is not None)
         self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers)
+        self._open.add(rid.number)
         self.runbook.opened(query)
         return self.rounds[rid.number].status()
 
@@ -322,10 +325,12 @@ class Aggregator:
         r = self.rounds.get(number)
         if r is not None and r.state is RoundState.OPEN:
             r.abandon()
+            self._open.discard(number)
             self.runbook.abandoned(r.query, number)
 
     def open_rounds(self) -> int:
-        return sum(r.state is RoundState.OPEN for r in self.rounds.values())
+        """How many rounds are open (constant time)."""
+        return len(self._open)
 
     def round(self, rid: RoundId) -> Round:
         self._check_study(rid)
@@ -352,6 +357,7 @@ class Aggregator:
                 guarded = True
         records = r.site_records(agreed)
         share = r.close(message.contributors)
+        self._open.discard(r.round_id.number)
         self.runbook.closed(r.query, agreed)
         if guarded:
             self.disclosures.record(records)

@@ -38,9 +38,11 @@ class LocalFederation:
 
     `privacy_level` (q) applies to rounds whose sites report record counts;
     `min_sites` to every round. ``scheme="plaintext"`` runs the non-private
-    trusted-host baseline (one aggregator). Transcripts keep every message (and
-    so every share vector) for the federation's lifetime; pass
-    ``transcripts=False`` for long simulations and benchmarks.
+    trusted-host baseline (one aggregator). `transcripts`: "light" (the
+    default) records who sent each party which kind of message in which round,
+    bounded and at almost no cost; True keeps every message body as received
+    (share vectors included, so they are not recycled: slower, for tests and
+    protocol research); False keeps none.
     """
 
     def __init__(
@@ -54,7 +56,7 @@ class LocalFederation:
         frac_bits: int = 32,
         study_id: str = "local-study",
         wire: bool = False,
-        transcripts: bool = True,
+        transcripts: bool | str = "light",
         max_open_rounds: int = 64,
         allow_dropouts: bool = False,
     ):
@@ -70,9 +72,11 @@ class LocalFederation:
         self.policy = RoundPolicy(
             frozenset(self.sites), min_sites=min_sites, privacy_level=privacy_level, allow_dropouts=allow_dropouts
         )
-        # Without transcripts or wire copies, no one keeps a share vector after its
+        if transcripts not in (True, False, "light"):
+            raise ValueError(f"transcripts must be 'light', True (full) or False, got {transcripts!r}")
+        # Without full transcripts or wire copies, no one keeps a share vector after its
         # round, so vectors are recycled instead of faulting in fresh memory each round.
-        self.buffers = BufferPool() if not (transcripts or wire) else None
+        self.buffers = BufferPool() if not (transcripts is True or wire) else None
         self.aggregators = [
             # retain_released=1: the in-process analyst never asks for a release again.
             Aggregator(
@@ -85,7 +89,8 @@ class LocalFederation:
         if clash:
             raise ValueError(f"site names {sorted(clash)} are reserved for other parties")
         parties = (ANALYST, *self.sites, *(a.name for a in self.aggregators))
-        self.transcripts = {p: Transcript(p) for p in parties} if transcripts else {}
+        self.transcripts = ({p: Transcript(p, messages=transcripts is True) for p in parties}
+                            if transcripts else {})
         self._parties = frozenset(parties)
         self._round_numbers = itertools.count()
         # Site objects that hold no data: `secure_sum` hands them values directly.

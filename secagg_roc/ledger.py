@@ -76,7 +76,8 @@ class Ledger:
     def __init__(self, policy: Policy, site: str):
         self.policy = policy
         self.site = site
-        self.exact: dict[str, list[ExactRelease]] = {}
+        #: quantity -> (run, step) -> release: a replayed entry is found in constant time.
+        self.exact: dict[str, dict[tuple[str, int], ExactRelease]] = {}
         self.noisy: dict[str, NoisyRelease] = {}
         #: Every contributor set this site released over, with its total record count.
         self.sets: dict[frozenset[str], int] = {}
@@ -169,9 +170,7 @@ class Ledger:
         if entry.kind == "exact":
             release = ExactRelease(body["quantity"], body["run"], int(body["step"]), tuple(body["contributors"]),
                                    int(body["records"]), body["data"])
-            known = self.exact.setdefault(release.quantity, [])
-            if all((e.run, e.step) != (release.run, release.step) for e in known):
-                known.append(release)
+            self.exact.setdefault(release.quantity, {}).setdefault((release.run, release.step), release)
             key = frozenset(release.contributors)
             self.sets[key] = min(self.sets.get(key, release.records), release.records)
             self.data_digests.add(release.data)

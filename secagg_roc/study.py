@@ -142,7 +142,7 @@ class LocalStudy(Study):
         scheme: str = "additive",
         frac_bits: int = 32,
         study_id: str = "local-study",
-        transcripts: bool = True,
+        transcripts: bool | str = "light",
     ):
         from .federation import LocalFederation
 

@@ -9,7 +9,9 @@ from .federation import LocalFederation
 
 def run_sum_demo(n_aggregators: int = 2) -> str:
     """Sum three small vectors through `n_aggregators` aggregators; return a readable account."""
-    fed = LocalFederation(["hospital-a", "hospital-b", "hospital-c"], n_aggregators=n_aggregators, wire=True)
+    # Full transcripts: the demo prints what each party received.
+    fed = LocalFederation(["hospital-a", "hospital-b", "hospital-c"], n_aggregators=n_aggregators, wire=True,
+                          transcripts=True)
     values = {
         "hospital-a": np.array([12.5, 3.0, -1.25]),
         "hospital-b": np.array([7.0, 0.5, 2.0]),

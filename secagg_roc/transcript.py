@@ -1,48 +1,73 @@
-"""What each party received: for tests ("what did aggregator-1 see in round 3?") and researchers."""
+"""What each party received: for tests ("what did aggregator-1 see in round 3?") and researchers.
+
+Two depths. A *full* transcript keeps every message as its receiver got it
+(``transcripts=True``): share vectors included, so a federation that keeps
+one cannot recycle its buffers. A *light* transcript (the default) keeps who
+sent which kind of message in which round, never the message body, so it
+costs a few hundred nanoseconds per message and no memory for share vectors.
+Both keep the last `keep` entries (a long simulation's transcript stays
+bounded) and count every message ever received by kind.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter, deque
+from dataclasses import dataclass, field
 from typing import Iterator
 
 from .messages import Message
 
+#: Entries a transcript keeps (the oldest are dropped first; counts by kind cover them all).
+DEFAULT_KEEP = 20_000
 
-@dataclass(frozen=True)
+
+@dataclass(slots=True)
 class Received:
-    """One message as its receiver got it."""
+    """One message as its receiver got it (``message`` is None in a light transcript)."""
 
     sender: str
     kind: str
-    nbytes: int
-    message: Message
+    round_number: int | None
+    message: Message | None = field(default=None, repr=False)
+    _nbytes: int | None = field(default=None, repr=False)
 
     @property
-    def round_number(self) -> int | None:
-        rid = getattr(self.message, "round_id", None)
-        return None if rid is None else rid.number
+    def nbytes(self) -> int | None:
+        """Encoded size: given by the sender in wire mode, else measured (once) from a kept message."""
+        if self._nbytes is None and self.message is not None:
+            self._nbytes = self.message.wire_size()
+        return self._nbytes
 
 
 class Transcript:
-    """The ordered list of messages one party received."""
+    """The messages one party received, oldest first (the last `keep` of them)."""
 
-    def __init__(self, party: str):
+    def __init__(self, party: str, *, messages: bool = True, keep: int = DEFAULT_KEEP):
         self.party = party
-        self.entries: list[Received] = []
+        #: Whether message bodies are kept (a full transcript) or only sender, kind and round (light).
+        self.messages = messages
+        self.entries: deque[Received] = deque(maxlen=int(keep))
+        #: Every message ever received, by kind (dropped entries included).
+        self.counts: Counter[str] = Counter()
 
     def record(self, sender: str, message: Message, nbytes: int | None = None) -> None:
         """Add `message` from `sender`; `nbytes` is its encoded size when the caller already knows it."""
-        size = message.wire_size() if nbytes is None else nbytes
-        self.entries.append(Received(sender, message.kind, size, message))
+        rid = getattr(message, "round_id", None)
+        self.counts[message.kind] += 1
+        self.entries.append(Received(sender, message.kind, None if rid is None else rid.number,
+                                     message if self.messages else None, nbytes))
 
     def kinds(self) -> set[str]:
-        return {e.kind for e in self.entries}
+        """Every kind of message this party ever received."""
+        return set(self.counts)
 
     def in_round(self, number: int) -> list[Received]:
         return [e for e in self.entries if e.round_number == number]
 
-    def bytes_received(self) -> int:
-        return sum(e.nbytes for e in self.entries)
+    def bytes_received(self) -> int | None:
+        """Encoded bytes of the kept entries; None where a light transcript was not told the sizes."""
+        sizes = [e.nbytes for e in self.entries]
+        return None if any(n is None for n in sizes) else sum(sizes)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[Received]:
         return iter(self.entries)
@@ -51,4 +76,6 @@ class Transcript:
         return len(self.entries)
 
     def __repr__(self) -> str:
-        return f"Transcript({self.party!r}, {len(self)} messages, {self.bytes_received()} bytes)"
+        size = self.bytes_received()
+        return (f"Transcript({self.party!r}, {'full' if self.messages else 'light'}, {len(self)} messages"
+                + ("" if size is None else f", {size} bytes") + ")")

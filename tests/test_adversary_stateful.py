@@ -71,7 +71,7 @@ PARAM_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.float
 class AdversarialAnalyst(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.study = sr.Study.local(_data(), policy=POLICY, seed=5)
+        self.study = sr.Study.local(_data(), policy=POLICY, seed=5, transcripts=True)
         self.fed = self.study.federation
         self.answers = {s: site.answer for s, site in self.study.site_objects.items()}
         self.down: set[str] = set()

@@ -895,7 +895,7 @@ def test_a_step_opened_under_another_number_at_each_aggregator_never_combines(st
     assert abs(garbage / truth.n_records - float(truth)) > 1e-3
     # Every site recorded the step once in its ledger (the same quantity, run and step).
     for site in cl.site_names:
-        assert len([e for rel in site_ledger(cl, site).exact.values() for e in rel if e.run == "race"]) == 1
+        assert len([e for rel in site_ledger(cl, site).exact.values() for e in rel.values() if e.run == "race"]) == 1
 
 
 def test_run_ids_are_used_once_at_every_aggregator_and_every_site(strict) -> None:

@@ -34,7 +34,7 @@ def _data(seed=0, sizes=(30, 25, 35, 20, 40), **extra):
 
 def _study(data=None, **policy):
     policy = Policy(**{"dp": DP, "roles": ROLES, **policy})
-    return sr.Study.local(data or _data(), policy=policy, seed=1)
+    return sr.Study.local(data or _data(), policy=policy, seed=1, transcripts=True)  # tests read message bodies
 
 
 def _releases(study):
@@ -334,7 +334,7 @@ def test_a_saturated_glm_stops_before_its_fisher_rounds():
     data = _data(sizes=(3, 3))
     for k, site in enumerate(data.values()):
         site["X"] = np.random.default_rng(k).normal(size=(3, 2))
-    study = sr.Study.local(data, policy=Policy(privacy_level=2, min_cell_count=1), seed=0)
+    study = sr.Study.local(data, policy=Policy(privacy_level=2, min_cell_count=1), seed=0, transcripts=True)
     with pytest.raises(sr.stats.FitError, match="3 coefficients for 6 records.*saturated"):
         sr.fit_glm(study, "y", "X")
     released = [e.message.round_id.number for e in study.transcript("analyst") if e.kind == "AggregateShare"]

@@ -78,7 +78,7 @@ def _data(sizes, seed=0, y=Y, s=S):
 def _study(data, seed=1, **policy):
     options = {"allow_non_private": True, "analyses": ("rocglm", "bootstrap", "brier"), "roles": ROLES, "dp": DP,
                "score_range": (0.0, 2.1), **policy}  # s100b reaches 2.07: nothing is clipped
-    return sr.Study.local(data, policy=Policy(**options), seed=seed)
+    return sr.Study.local(data, policy=Policy(**options), seed=seed, transcripts=True)
 
 
 def _boot(study, statistic="auc", **kw):

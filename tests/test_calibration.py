@@ -86,7 +86,7 @@ def test_small_cells_are_withheld_at_each_site_and_never_summed():
     data = {"s0": _blocks((0.25, 3), (0.55, 12), (0.75, 16), (0.85, 1)),
             "s1": _blocks((0.25, 3), (0.55, 12), (0.75, 16)),
             "s2": _blocks((0.55, 14), (0.75, 10))}
-    study = Study.local(data, privacy_level=5, seed=0)
+    study = Study.local(data, privacy_level=5, seed=0, transcripts=True)
     c = calibration_curve(study, "y", "p", n_bins=10)
     assert not c.released[2] and np.isnan(c.count[2])
     assert c.count[5] == 14 and c.count[7] == 42 and not c.released[8]  # s2's 14; 16 + 16 + 10

@@ -132,7 +132,7 @@ def _sensitivity_study(seed=3, sizes=(60, 45, 70)):
         s = 1 / (1 + np.exp(-(0.03 * (X[:, 0] - 50) + 0.4 * X[:, 1])))
         data[f"site{k}"] = {"X": X, "score": s, "y": (rng.uniform(size=n) < s).astype(int)}
     policy = Policy(analyses=("sensitivity", "rocglm"))
-    return Study.local(data, policy=policy, seed=seed), data
+    return Study.local(data, policy=policy, seed=seed, transcripts=True), data
 
 
 def test_distributed_l2_sensitivity_equals_brute_force_over_sites():

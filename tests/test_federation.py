@@ -75,7 +75,7 @@ def test_unknown_site_and_bad_values_are_refused():
 
 def test_no_aggregator_receives_a_site_value_in_the_clear():
     secret = np.array([123456.789, -42.0, 7.0])
-    fed = sr.LocalFederation(["a", "b", "c"], n_aggregators=3)
+    fed = sr.LocalFederation(["a", "b", "c"], n_aggregators=3, transcripts=True)
     fed.secure_sum({"a": secret, "b": np.zeros(3), "c": np.zeros(3)})
     encoded = sr.FixedPoint(max_sites=3).encode(secret)
     for j in range(3):
@@ -89,7 +89,7 @@ def test_no_aggregator_receives_a_site_value_in_the_clear():
 
 def test_plaintext_baseline_gives_the_same_total_and_shows_the_input():
     secret = np.array([5.5, -1.0])
-    fed = sr.LocalFederation(["a", "b"], scheme="plaintext")
+    fed = sr.LocalFederation(["a", "b"], scheme="plaintext", transcripts=True)
     assert fed.scheme.private is False
     total = fed.secure_sum({"a": secret, "b": np.ones(2)})
     np.testing.assert_allclose(total, secret + 1)
@@ -152,7 +152,8 @@ def test_recycled_buffers_never_change_a_result():
         assert np.abs(total - sum(values.values())).max() <= 3 * 2.0**-32 + 1e-12
         assert pooled_fed.secure_sum(ints).tolist() == sum(ints.values()).tolist()
     assert sum(len(v) for v in pooled_fed.buffers._free.values()) > 0
-    assert sr.LocalFederation(sites).buffers is None  # transcripts keep vectors: no recycling
+    assert sr.LocalFederation(sites, transcripts=True).buffers is None  # full transcripts keep vectors: no recycling
+    assert sr.LocalFederation(sites).buffers is not None  # the default light transcripts do not
 
 
 def test_buffer_pool_only_keeps_vectors_it_may_reuse():
@@ -181,3 +182,26 @@ def test_a_site_error_never_carries_the_site_value():
     with pytest.raises(sr.EncodingError) as err:
         sr.FixedPoint(max_sites=2).encode(np.array([secret]))
     assert "98765432109" in str(err.value) and "98765432109" not in err.value.public  # the holder sees it
+
+
+def test_light_transcripts_are_the_default_bounded_and_keep_no_message_bodies():
+    from secagg_roc.transcript import Transcript
+
+    fed = sr.LocalFederation(["a", "b", "c"])
+    fed.secure_sum({s: np.arange(4.0) for s in fed.sites})
+    t = fed.transcript("aggregator-0")
+    assert {"Query", "InputShare", "CloseRound"} <= t.kinds() and not t.messages
+    assert all(e.message is None for e in t) and {e.round_number for e in t} == {0}
+    assert fed.buffers is not None  # share vectors are recycled
+    full = sr.LocalFederation(["a", "b"], transcripts=True)
+    full.secure_sum({"a": np.ones(3), "b": np.ones(3)})
+    received = list(full.transcript("aggregator-0"))
+    entry = next(e for e in received if e.kind == "InputShare")
+    assert entry.message is not None and entry.nbytes == entry.message.wire_size()
+    small = Transcript("x", messages=False, keep=3)
+    for k in range(10):
+        small.record("s", received[k % len(received)].message)
+    assert len(small) == 3 and sum(small.counts.values()) == 10  # bounded, every message counted
+    assert small.kinds() == {e.kind for e in received}
+    with pytest.raises(ValueError, match="transcripts must be"):
+        sr.LocalFederation(["a", "b"], transcripts="full")
