@@ -21,7 +21,7 @@ from .stats.delong import logit_ci as _logit_ci
 from .stats.delong import raw_ci
 from .stats.families import check_family
 from .stats.glm import fit_glm_arrays
-from .stats.precision_recall import average_precision, precision_recall_curve
+from .stats.precision_recall import average_precision, precision_recall_curve, weighted_auc
 from .stats.results import CalibrationCurve, GlmResult
 from .stats.roc_compare import coords, partial_auc, roc_test
 from .stats.rocglm import DEFAULT_TIES, GLM_NAMES, assemble, resolve_thresholds
@@ -36,10 +36,12 @@ from .stats.survival import (
 )
 
 
-def auc(y, s) -> float:
-    """Empirical AUC (Mann-Whitney), ties counted 1/2; agrees with pROC and scikit-learn."""
+def auc(y, s, sample_weight=None) -> float:
+    """Empirical AUC (Mann-Whitney), ties counted 1/2; agrees with pROC and scikit-learn (`sample_weight` too)."""
     from scipy.stats import rankdata  # imported here: scipy.stats costs ~1 s at import
 
+    if sample_weight is not None:
+        return weighted_auc(y, s, sample_weight)
     y, s = _check(y, s)
     ranks = rankdata(s)  # average ranks give ties half credit
     n1 = int(y.sum())

@@ -416,3 +416,25 @@ def test_precision_recall_and_average_precision_match_scikit_learn(seed, ties, n
     dp, dr, dt = _quiet(sr.precision_recall_curve, study, "y", "score", epsilon=None)
     np.testing.assert_allclose(dp, P, atol=1e-12)
     np.testing.assert_allclose(dt, T, atol=0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31), st.booleans())
+def test_weighted_auc_and_average_precision_match_scikit_learn(seed, ties) -> None:
+    from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(10, 300))
+    y = rng.integers(0, 2, n)
+    s = np.round(rng.random(n), 1) if ties else rng.random(n)
+    w = rng.choice([0.0, 0.5, 1.0, 2.5], n)
+    if w[y == 1].sum() == 0 or w[y == 0].sum() == 0:
+        return
+    assert pooled.auc(y, s, sample_weight=w) == pytest.approx(roc_auc_score(y, s, sample_weight=w), abs=1e-12)
+    assert pooled.auc(y, s, sample_weight=np.ones(n)) == pytest.approx(pooled.auc(y, s), abs=1e-12)
+    assert pooled.average_precision(y, s, sample_weight=w) == pytest.approx(
+        average_precision_score(y, s, sample_weight=w), abs=1e-12)
+    p, r, _ = pooled.precision_recall_curve(y, s, sample_weight=w)
+    P, R, _ = precision_recall_curve(y, s, sample_weight=w)
+    # scikit-learn drops thresholds whose weighted counts do not move; compare the curves as sets of points.
+    assert {(round(a, 12), round(b, 12)) for a, b in zip(P, R)} <= {(round(a, 12), round(b, 12)) for a, b in zip(p, r)}

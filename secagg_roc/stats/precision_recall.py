@@ -44,14 +44,48 @@ def average_precision_from_coords(c: RocCoords) -> float:
     return float(-np.sum(np.diff(recall) * precision[:-1]))
 
 
-def precision_recall_curve(y, s) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(precision, recall, thresholds) of pooled records (scikit-learn's ``precision_recall_curve``)."""
-    return curve_from_coords(pooled_coords(y, s))
+def _weighted_counts(y, s, sample_weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(distinct scores increasing, weighted tp, weighted fp) calling positive the records at or above each."""
+    from .arrays import check_labels_scores
+
+    y, s = check_labels_scores(y, s)
+    w = np.asarray(sample_weight, dtype=float).reshape(-1)
+    if w.size != y.size or not np.all(np.isfinite(w)) or np.any(w < 0):
+        raise ValueError("sample_weight must hold one finite, non-negative weight per record")
+    scores, idx = np.unique(s, return_inverse=True)
+    pos = np.bincount(idx, weights=w * y, minlength=scores.size)
+    neg = np.bincount(idx, weights=w * (1 - y), minlength=scores.size)
+    # At or above each distinct score: reverse cumulative sums.
+    return scores, np.cumsum(pos[::-1])[::-1], np.cumsum(neg[::-1])[::-1]
 
 
-def average_precision(y, s) -> float:
-    """Average precision of pooled records (scikit-learn's ``average_precision_score``)."""
-    return average_precision_from_coords(pooled_coords(y, s))
+def precision_recall_curve(y, s, sample_weight=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(precision, recall, thresholds) of pooled records (scikit-learn's ``precision_recall_curve``,
+    `sample_weight` included)."""
+    if sample_weight is None:
+        return curve_from_coords(pooled_coords(y, s))
+    scores, tp, fp = _weighted_counts(y, s, sample_weight)
+    if not tp[0] > 0:
+        raise ValueError("the positives have no weight")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        precision = np.where(tp + fp > 0, tp / (tp + fp), 1.0)
+    return np.r_[precision, 1.0], np.r_[tp / tp[0], 0.0], scores
+
+
+def average_precision(y, s, sample_weight=None) -> float:
+    """Average precision of pooled records (scikit-learn's ``average_precision_score``, `sample_weight` included)."""
+    precision, recall, _ = precision_recall_curve(y, s, sample_weight)
+    return float(-np.sum(np.diff(recall) * precision[:-1]))
+
+
+def weighted_auc(y, s, sample_weight) -> float:
+    """Weighted Mann-Whitney AUC, ties counted 1/2 (scikit-learn's ``roc_auc_score`` with `sample_weight`)."""
+    _, tp, fp = _weighted_counts(y, s, sample_weight)
+    if not (tp[0] > 0 and fp[0] > 0):
+        raise ValueError("need positives and negatives of positive weight")
+    tpr, fpr = np.r_[tp / tp[0], 0.0], np.r_[fp / fp[0], 0.0]
+    # The trapezoid under the curve from (0, 0) to (1, 1): a tied step counts half.
+    return float(np.sum((fpr[:-1] - fpr[1:]) * (tpr[:-1] + tpr[1:]) / 2.0))
 
 
 def distributed_precision_recall_curve(study: "Study", label: str, score: str,
