@@ -43,6 +43,9 @@ from .runbook import RunBook
 from .sharing import Payload, SharingScheme
 
 NOT_COUNTED = -1
+#: The largest record count a share may state: far beyond any study, and small enough that the counts of
+#: every site sum in 64 bits (a count near 2^63 would overflow only when the release is encoded).
+MAX_RECORDS = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,8 @@ class Round:
             raise MessageError("this study requires a record count with every share")
         if share.records < NOT_COUNTED:
             raise MessageError(f"record count {share.records} is negative")
+        if share.records > MAX_RECORDS:
+            raise MessageError(f"record count {share.records} exceeds the largest a share may state (2^40)")
         if share.encoding.raw != self.per_site:
             what = "raw float64 encoding" if self.per_site else "fixed-point encoding"
             raise RoundError(f"share from {share.site!r}: a round of {self.query.name!r} takes a {what}")

@@ -153,6 +153,7 @@ BAD = {
     "float vector": lambda: replace(good(), vector=np.zeros(3, np.float64)),
     "frac bits": lambda: replace(good(), encoding=Encoding(16, False)),
     "negative records": lambda: replace(good(), records=-5),
+    "huge records": lambda: replace(good(), records=2**63 - 1),  # would overflow the release's count sum
 }
 
 
