@@ -438,3 +438,18 @@ def test_weighted_auc_and_average_precision_match_scikit_learn(seed, ties) -> No
     P, R, _ = precision_recall_curve(y, s, sample_weight=w)
     # scikit-learn drops thresholds whose weighted counts do not move; compare the curves as sets of points.
     assert {(round(a, 12), round(b, 12)) for a, b in zip(P, R)} <= {(round(a, 12), round(b, 12)) for a, b in zip(p, r)}
+
+
+def test_large_weights_are_summed_exactly_or_refused_never_saturated() -> None:
+    from sklearn.metrics import brier_score_loss
+
+    rng = np.random.default_rng(14)
+    n = 300
+    y, p = rng.integers(0, 2, n), rng.random(n)
+    w = rng.choice([50.0, 200.0, 900.0], n)  # inverse-probability weights well above 64
+    policy = Policy(roles={"label": ["y"], "score": ["p"], "weight": ["w"]})
+    got = sr.brier_score(_split({"y": y, "p": p, "w": w}, [100, 100, 100], policy=policy), "y", "p", weights="w")
+    assert float(got) == pytest.approx(brier_score_loss(y, p, sample_weight=w), abs=1e-8)
+    huge = w * 100.0
+    with pytest.raises(SecAggError, match="weight w has values above 10000"):
+        sr.brier_score(_split({"y": y, "p": p, "w": huge}, [100, 100, 100], policy=policy), "y", "p", weights="w")

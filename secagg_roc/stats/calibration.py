@@ -112,16 +112,29 @@ def _brier_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
     return _uses(args) + ([("weight", args["weights"])] if args.get("weights") else [])
 
 
+#: The largest prior weight a weighted Brier score takes: the fixed-point precision is set for it, so larger
+#: weights would saturate the sums silently; a site holding one does not join (its operator rescales them).
+MAX_WEIGHT = 1e4
+
+
 def _brier_small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     # A weight that singles out a few records would make the weighted sums theirs.
-    return small_groups(data, _brier_uses(args), policy.min_cell_count) if args.get("weights") else []
+    if not args.get("weights"):
+        return []
+    problems = small_groups(data, _brier_uses(args), policy.min_cell_count)
+    w = np.asarray(data.array(args["weights"]), dtype=float)
+    if w.size and np.nanmax(np.abs(w)) > MAX_WEIGHT:
+        problems.append(f"weight {args['weights']} has values above {MAX_WEIGHT:g}, beyond the sums' fixed-point range")
+    return problems
 
 
 @plan("brier", declare=_brier_declare, uses=_brier_uses, data_check=_brier_small_groups)
 def brier_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, BrierScore]:
     """The ``brier`` plan: one secure round of (weighted) squared-error and log-loss sums."""
-    # Log-losses reach -log(eps) ~ 36 per record: the precision follows from the record count only.
-    frac_bits = precision(64.0 * max(1, ctx.run.records), ctx.n_sites)
+    # Log-losses reach -log(eps) ~ 36 per record, times a weight of at most MAX_WEIGHT: the precision
+    # follows from the record count and the declared arguments only.
+    scale = MAX_WEIGHT if args.get("weights") else 1.0
+    frac_bits = precision(64.0 * scale * max(1, ctx.run.records), ctx.n_sites)
     tot = yield Step("calibration.brier", {**args, "score_range": probability_range(ctx.policy)}, frac_bits=frac_bits)
     weight = float(np.asarray(tot["weight"]).reshape(-1)[0])
     if tot.records <= 0 or not weight > 0:
