@@ -286,17 +286,41 @@ class LocalCluster:
                 time.sleep(0.05)
 
     def wait_site(self, name: str, timeout: float = 60.0) -> None:
-        """Block until site agent `name` has loaded its data and follows the feeds."""
+        """Block until site agent `name` has loaded its data, follows the feeds, and every aggregator
+        has heard from it (on a loaded machine its first poll can come well after it says it is ready)."""
         end = time.monotonic() + timeout
         marker = f"--- starting {name}"
         while True:
             self._check_alive(name)
             text = self.log_text(name)
-            if READY_SITE in text[text.rfind(marker):]:
+            if READY_SITE in text[text.rfind(marker):] and self._heard_everywhere(name):
                 return
             if time.monotonic() > end:
                 raise TimeoutError(f"site agent {name} did not start within {timeout} s")
             time.sleep(0.05)
+
+    def _heard_everywhere(self, site: str) -> bool:
+        """Whether every aggregator reports site `site` connected (/v1/presence, asked as the analyst)."""
+        from .site_presence import connected
+
+        assert self.config is not None
+        a = self.config.analyst
+        ctx = client_ssl_context(self.config.ca_cert, a.cert, a.key)
+
+        async def probe() -> bool:
+            for agg in self.config.aggregators:
+                client = AggregatorClient(agg, self.config.study_id, ctx, connect_timeout=2.0)
+                try:
+                    if not connected((await client.presence()).get(site)):
+                        return False
+                finally:
+                    await client.close()
+            return True
+
+        try:
+            return asyncio.run(probe())
+        except (TransportError, OSError):
+            return False
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal party `name`'s process (SIGKILL by default: no clean-up at all) and reap it."""
