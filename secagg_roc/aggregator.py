@@ -155,14 +155,8 @@ class Round:
             declared = sorted((n, k == "int") for n, k in self.outputs.items())
             if sorted((n, i) for n, _, i in share.layout) != declared:
                 raise RoundError(f"share from {share.site!r}: its layout does not match the outputs {self.query.name!r} declares")
-        first = next(iter(self.accepted.values()), None)
-        if first is not None and first.site != share.site and not self.per_site:
-            if share.layout != first.layout:
-                raise RoundError(f"share from {share.site!r} has layout {share.layout}, round has {first.layout}")
-            if share.encoding != first.encoding:
-                raise RoundError(f"share from {share.site!r} has encoding {share.encoding}, round has {first.encoding}")
-            if (share.records == NOT_COUNTED) != (first.records == NOT_COUNTED):
-                raise RoundError("either every share of a round carries a record count or none does")
+        # Whether the shares agree with each other is decided at the close (`_disagreeing`), never by
+        # whichever share came first: one odd share must not make every honest one bounce.
 
     # -- release ------------------------------------------------------------
 
@@ -193,6 +187,13 @@ class Round:
                 f"{self.round_id}: {len(agreed)} contributing site(s), fewer than min_sites={self.policy.min_sites}"
             )
         shares = [self.accepted[s] for s in agreed]
+        if not self.per_site:
+            odd = _disagreeing(shares)
+            if odd:
+                raise RoundError(
+                    f"cannot close {self.round_id}: the shares of {odd} differ from the other contributors' in "
+                    "layout, encoding or record counting (those sites computed something else)"
+                )
         counted = shares[0].records != NOT_COUNTED
         records = sum(s.records for s in shares) if counted else NOT_COUNTED
         if counted and records < self.policy.privacy_level:
@@ -246,6 +247,20 @@ def _release_bytes(release: AggregateShare | ForwardedShares | None) -> int:
     if isinstance(release, ForwardedShares):
         return sum(int(s.vector.nbytes) for s in release.shares if s.vector is not None)
     return 0
+
+
+def _disagreeing(shares: list[InputShare]) -> list[str]:
+    """The sites whose share differs in layout, encoding or record counting from the most common one
+    (every site, if no form is held by more sites than any other)."""
+    forms = [(s.layout, s.encoding, s.records == NOT_COUNTED) for s in shares]
+    counts = {f: forms.count(f) for f in forms}
+    if len(counts) == 1:
+        return []
+    top = max(counts.values())
+    majority = [f for f, c in counts.items() if c == top]
+    if len(majority) > 1:
+        return sorted(s.site for s in shares)
+    return sorted(s.site for s, f in zip(shares, forms) if f != majority[0])
 
 
 def _stub(share: InputShare) -> InputShare:

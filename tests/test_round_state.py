@@ -167,17 +167,35 @@ def test_rejected_share_leaves_state_unchanged(agg, case):
     assert snapshot(agg) == before
 
 
-def test_layout_and_encoding_must_match_the_round(agg):
+@pytest.mark.parametrize("odd", ["layout", "encoding", "uncounted"])
+def test_one_odd_share_is_named_at_the_close_and_never_bounces_the_honest_ones(agg, odd):
+    from secagg_roc.messages import CloseRound
+
+    bad = {
+        "layout": lambda: make_shares(make_query(), "s2", np.zeros(4, np.int64), 3)[0],
+        "encoding": lambda: replace(good("s2"), encoding=Encoding(32, False)),
+        "uncounted": lambda: replace(good("s2"), records=-1),
+    }[odd]()
+    agg.handle(bad)  # the odd share comes first: it fixes nothing
+    agg.handle(good("s0"))
     agg.handle(good("s1"))
-    other_layout = make_shares(make_query(), "s2", np.zeros(4, np.int64), 3)[0]
-    with pytest.raises(RoundError, match="layout"):
-        agg.handle(other_layout)
-    float_share = replace(good("s2"), encoding=Encoding(32, False))
-    with pytest.raises(RoundError, match="encoding"):
-        agg.handle(float_share)
-    uncounted = replace(good("s2"), records=-1)
-    with pytest.raises(RoundError, match="record count"):
-        agg.handle(uncounted)
+    agg.handle(good("s3"))
+    rid = make_query().round_id
+    before = snapshot(agg)
+    with pytest.raises(RoundError, match=r"the shares of \['s2'\] differ from the other contributors'"):
+        agg.handle(CloseRound(rid, ("s0", "s1", "s2", "s3")))
+    assert snapshot(agg) == before  # a refused close changes nothing
+    agg.handle(CloseRound(rid, ("s0", "s1", "s3")))  # over the honest sites it releases (dropouts aside)
+    assert agg.round(rid).state is RoundState.RELEASED
+
+
+def test_two_forms_held_by_as_many_sites_name_every_site(agg):
+    from secagg_roc.messages import CloseRound
+
+    agg.handle(good("s0"))
+    agg.handle(replace(good("s1", records=3), encoding=Encoding(32, False)))
+    with pytest.raises(RoundError, match=r"the shares of \['s0', 's1'\] differ"):
+        agg.handle(CloseRound(make_query().round_id, ("s0", "s1")))
 
 
 def test_seed_share_to_plaintext_scheme_and_bad_seed_length():
