@@ -1,0 +1,258 @@
+"""One aggregation round as one aggregator holds it: the round state machine. Pure: no I/O.
+
+A `Round` accepts one share per registered site, checks every share before it
+touches state, and releases once, over the contributor set the analyst agreed
+with all aggregators, and only if that set has at least `min_sites` sites and
+`privacy_level` records: the sum of its shares for a secure-sum round, or, for
+a per-site (DP) round, the shares themselves, forwarded unsummed so that no
+aggregator ever holds a site's release. Whether the shares agree with each
+other (layout, encoding, record counting) is decided at the close, never by
+whichever came first.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import prg
+from .buffers import BufferPool
+from .errors import MessageError, PrivacyError, RoundError
+from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundStatus, check_name
+from .queries import QUERIES
+from .sharing import Payload, SharingScheme
+
+NOT_COUNTED = -1
+#: The largest record count a share may state: far beyond any study, and small enough that the counts of
+#: every site sum in 64 bits (a count near 2^63 would overflow only when the release is encoded).
+MAX_RECORDS = 1 << 40
+
+
+@dataclass(frozen=True)
+class RoundPolicy:
+    """The public rules of every round in a study, identical at every aggregator."""
+
+    sites: frozenset[str]
+    min_sites: int = 2
+    privacy_level: int = 5
+    #: Deployed studies set this: a share without a record count is refused.
+    require_records: bool = False
+    #: Whether a run may start without every site (its join releases over the sites that joined).
+    allow_dropouts: bool = False
+    max_length: int = 1 << 27
+
+    def __post_init__(self) -> None:
+        if self.min_sites < 1:
+            raise ValueError("min_sites must be >= 1")
+        if self.privacy_level < 0:
+            raise ValueError("privacy_level must be >= 0")
+        for s in self.sites:
+            check_name(s, "site")
+
+
+class RoundState(enum.Enum):
+    OPEN = "open"
+    RELEASED = "released"
+    ABANDONED = "abandoned"
+
+
+class Round:
+    """One round at one aggregator (run by that Aggregator)."""
+
+    def __init__(
+        self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme, buffers: BufferPool | None = None
+    ):
+        self.query = query
+        self.buffers = buffers
+        self.round_id = query.round_id
+        self.index = index
+        self.policy = policy
+        self.scheme = scheme
+        self.state = RoundState.OPEN
+        spec = QUERIES.get(query.name)
+        #: A per-site (DP) round: shares are forwarded unsummed, each site with its own layout.
+        self.per_site = spec is not None and spec.release == "dp"
+        self.outputs = None if spec is None else spec.outputs
+        self.accepted: dict[str, InputShare] = {}
+        self.released: AggregateShare | ForwardedShares | None = None
+        #: The contributor set of the release; kept after `forget` drops the share itself.
+        self.released_over: tuple[str, ...] | None = None
+
+    # -- submissions ---------------------------------------------------------
+
+    def submit(self, share: InputShare) -> bool:
+        """Accept `share`; True if new, False for an identical resubmission.
+
+        Raises `RoundError`/`MessageError` without changing state for anything else.
+        """
+        self._check_share(share)
+        previous = self.accepted.get(share.site)
+        if previous is not None:
+            if _same_payload(previous, share):
+                return False
+            raise RoundError(f"site {share.site!r} already submitted a different share to {self.round_id}")
+        self.accepted[share.site] = share
+        return True
+
+    def _check_share(self, share: InputShare) -> None:
+        rid = self.round_id
+        if share.round_id != rid:
+            if (share.round_id.study, share.round_id.number) == (rid.study, rid.number):
+                raise RoundError(f"share for {share.round_id} was computed for a different query than {rid}")
+            raise RoundError(f"share for {share.round_id} sent to {rid}")
+        if share.aggregator != self.index:
+            raise RoundError(f"share addressed to aggregator {share.aggregator}, this is aggregator {self.index}")
+        if share.site not in self.policy.sites:
+            raise RoundError(f"unknown site {share.site!r}: not registered in study {rid.study!r}")
+        if self.state is not RoundState.OPEN:
+            raise RoundError(f"{rid} is {'closed' if self.state is RoundState.RELEASED else 'abandoned'}; share from {share.site!r} refused")
+        length = share.length
+        if length == 0 or length > self.policy.max_length:
+            raise MessageError(f"share length {length} outside 1..{self.policy.max_length}")
+        if share.seed is not None:
+            if not self.scheme.accepts_seeds:
+                raise MessageError(f"the {self.scheme.name} scheme carries vectors, not seeds")
+            if len(share.seed) != prg.SEED_BYTES:
+                raise MessageError(f"a seed is {prg.SEED_BYTES} bytes, got {len(share.seed)}")
+        else:
+            v = share.vector
+            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.shape != (length,):
+                raise MessageError(f"share vector must be uint64 of shape ({length},)")
+        if share.records == NOT_COUNTED and self.policy.require_records:
+            raise MessageError("this study requires a record count with every share")
+        if share.records < NOT_COUNTED:
+            raise MessageError(f"record count {share.records} is negative")
+        if share.records > MAX_RECORDS:
+            raise MessageError(f"record count {share.records} exceeds the largest a share may state (2^40)")
+        if share.encoding.raw != self.per_site:
+            what = "raw float64 encoding" if self.per_site else "fixed-point encoding"
+            raise RoundError(f"share from {share.site!r}: a round of {self.query.name!r} takes a {what}")
+        if not (share.encoding.integer or share.encoding.raw) and share.encoding.frac_bits != self.query.frac_bits:
+            raise RoundError(
+                f"share from {share.site!r} has frac_bits={share.encoding.frac_bits}, the query asked for {self.query.frac_bits}"
+            )
+        if self.outputs is not None:
+            declared = sorted((n, k == "int") for n, k in self.outputs.items())
+            if sorted((n, i) for n, _, i in share.layout) != declared:
+                raise RoundError(f"share from {share.site!r}: its layout does not match the outputs {self.query.name!r} declares")
+        # Whether the shares agree with each other is decided at the close (`_disagreeing`), never by
+        # whichever share came first: one odd share must not make every honest one bounce.
+
+    # -- release ------------------------------------------------------------
+
+    def status(self) -> RoundStatus:
+        return RoundStatus(self.round_id, tuple(sorted(self.accepted)), self.released_over is not None)
+
+    def close(self, contributors: tuple[str, ...]) -> AggregateShare | ForwardedShares:
+        """Release this aggregator's share of the total over `contributors` (once)."""
+        agreed = tuple(sorted(contributors))
+        if len(set(agreed)) != len(agreed):
+            raise RoundError("the contributor set lists a site twice")
+        if self.released_over is not None:
+            if self.released_over != agreed:
+                raise PrivacyError(
+                    f"{self.round_id} was released over {list(self.released_over)}; a second release "
+                    f"over {list(agreed)} would reveal the difference between them"
+                )
+            if self.released is None:
+                raise RoundError(f"{self.round_id} was released long ago; its aggregate share is no longer held")
+            return self.released  # the same release again reveals nothing new
+        if self.state is RoundState.ABANDONED:
+            raise RoundError(f"{self.round_id} was abandoned; nothing is released")
+        missing = [s for s in agreed if s not in self.accepted]
+        if missing:
+            raise RoundError(f"cannot close {self.round_id}: no share from {missing} at aggregator {self.index}")
+        if len(agreed) < self.policy.min_sites:
+            raise PrivacyError(
+                f"{self.round_id}: {len(agreed)} contributing site(s), fewer than min_sites={self.policy.min_sites}"
+            )
+        shares = [self.accepted[s] for s in agreed]
+        if not self.per_site:
+            odd = _disagreeing(shares)
+            if odd:
+                raise RoundError(
+                    f"cannot close {self.round_id}: the shares of {odd} differ from the other contributors' in "
+                    "layout, encoding or record counting (those sites computed something else)"
+                )
+        counted = shares[0].records != NOT_COUNTED
+        records = sum(s.records for s in shares) if counted else NOT_COUNTED
+        if counted and records < self.policy.privacy_level:
+            raise PrivacyError(  # without the count: a total below q is exactly what q keeps from the analyst
+                f"{self.round_id}: the total covers fewer than the privacy level q={self.policy.privacy_level} records"
+            )
+        if self.per_site:
+            # Forwarded, never summed: this aggregator's share of each site's own release.
+            self.released = ForwardedShares(self.round_id, self.index, agreed, records, tuple(shares))
+            self.released_over = agreed
+            self.state = RoundState.RELEASED
+            self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
+            return self.released
+        n = shares[0].length
+        acc = np.empty(n, dtype=np.uint64) if self.buffers is None else self.buffers.take(n)
+        payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
+        self.scheme.materialize(acc, payloads[0])
+        for p in payloads[1:]:
+            self.scheme.accumulate(acc, p)
+        self.released = AggregateShare(
+            self.round_id, self.index, agreed, records, shares[0].encoding, shares[0].layout, acc
+        )
+        self.released_over = agreed
+        self.state = RoundState.RELEASED
+        if self.buffers is not None:  # the summed payloads are read by nobody any more
+            for share in self.accepted.values():
+                self.buffers.give(share.vector)
+        self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
+        return self.released
+
+    def abandon(self) -> None:
+        """Give up an open round (its deadline passed): free its shares; it never releases."""
+        if self.state is RoundState.OPEN:
+            self.state = RoundState.ABANDONED
+            self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
+
+    def forget(self) -> None:
+        """Drop the released share's vector; the release itself (and its contributor set) is kept."""
+        if self.buffers is not None and isinstance(self.released, AggregateShare):
+            self.buffers.give(self.released.vector)
+        self.released = None
+
+    def site_records(self, contributors: tuple[str, ...]) -> dict[str, int]:
+        """Each contributor's record count, as its share states it (public metadata)."""
+        return {s: self.accepted[s].records for s in contributors if s in self.accepted}
+
+
+def _release_bytes(release: AggregateShare | ForwardedShares | None) -> int:
+    if isinstance(release, AggregateShare):
+        return int(release.vector.nbytes)
+    if isinstance(release, ForwardedShares):
+        return sum(int(s.vector.nbytes) for s in release.shares if s.vector is not None)
+    return 0
+
+
+def _disagreeing(shares: list[InputShare]) -> list[str]:
+    """The sites whose share differs in layout, encoding or record counting from the most common one
+    (every site, if no form is held by more sites than any other)."""
+    forms = [(s.layout, s.encoding, s.records == NOT_COUNTED) for s in shares]
+    counts = {f: forms.count(f) for f in forms}
+    if len(counts) == 1:
+        return []
+    top = max(counts.values())
+    majority = [f for f, c in counts.items() if c == top]
+    if len(majority) > 1:
+        return sorted(s.site for s in shares)
+    return sorted(s.site for s, f in zip(shares, forms) if f != majority[0])
+
+
+def _stub(share: InputShare) -> InputShare:
+    """The share without its payload: kept after release only for status queries."""
+    return InputShare(share.round_id, share.site, share.aggregator, share.encoding, share.records, share.layout, seed=b"")
+
+
+def _same_payload(a: InputShare, b: InputShare) -> bool:
+    if (a.encoding, a.records, a.layout) != (b.encoding, b.records, b.layout):
+        return False
+    if a.seed is not None or b.seed is not None:
+        return a.seed == b.seed
+    return bool(np.array_equal(a.vector, b.vector))
