@@ -22,18 +22,16 @@ does, and adds what a deployment needs around it:
   of the run's plan moves on with what the aggregators released, never with
   what the analyst says; the last `RETAIN_RELEASED` releases are held for this;
 - site refusals, reported to the analyst with the round's status;
-- round deadlines: a round still open ``2 * round_timeout_s`` after it was
-  opened is abandoned (logged, and its number is never reused; its run
-  fails), so failed rounds do not hold ``max_open_rounds`` slots for ever.
-  The analyst stops waiting at ``round_timeout_s``; the extra time lets its
-  close arrive;
+- deadlines: a round open ``2 * round_timeout_s`` is abandoned (logged, its
+  number never reused, its run failed; the analyst stops waiting at
+  ``round_timeout_s``); a request body must arrive within ``round_timeout_s``
+  plus a second per MB, or the client gets 408 and is dropped;
 - at the default log level: failed TLS handshakes (`tls_errors`), revoked
-  certificates (`revocation`, ``crl.pem``), a site running two agents and
-  when each site last polled (`site_presence`, ``/v1/presence``).
+  certificates (`revocation`), a site running two agents, and when each
+  site last polled (`site_presence`, ``/v1/presence``).
 
-`AggregatorState` (`aggregator_state`) is the part without I/O (the log
-replays through it); `AggregatorService` is the HTTP and persistence shell
-around it.
+`AggregatorState` (`aggregator_state`, no I/O; the log replays through it) is
+wrapped here in HTTP and persistence.
 """
 
 from __future__ import annotations
@@ -64,6 +62,7 @@ from .http_protocol import (
     FEED_TYPE,
     FRAMES_TYPE,
     MESSAGE_TYPE,
+    RequestTimeout,
     RequestTooLarge,
     error_reply,
     pack_feed,
@@ -86,6 +85,8 @@ log = logging.getLogger("secagg_roc.aggregator")
 
 #: Longest a long-poll (feed, status, release) is held open.
 MAX_WAIT_S = 30.0
+#: The slowest a request body may arrive, beyond the round timeout it is always given.
+BODY_BYTES_PER_S = 1 << 20
 
 # Which roles may use which kind of request.
 _ANALYST = frozenset({"analyst"})
@@ -204,10 +205,15 @@ class AggregatorService:
         limit = self.config.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise RequestTooLarge(f"request body of {request.content_length} bytes exceeds max_body_bytes={limit}")
+        # A client that stalls mid-body must not hold a connection for ever: the body gets the round
+        # timeout plus a second per MB (a share of 8 MB over a slow link still arrives).
+        deadline = self.config.round_timeout_s + (request.content_length or limit) / BODY_BYTES_PER_S
         try:
-            return await request.read()
+            return await asyncio.wait_for(request.read(), deadline)
         except web.HTTPRequestEntityTooLarge:
             raise RequestTooLarge(f"request body exceeds max_body_bytes={limit}") from None
+        except asyncio.TimeoutError:
+            raise RequestTimeout(f"request body not received within {deadline:.0f} s; the connection is closed") from None
 
     def _notify(self) -> None:
         assert self._changed is not None

@@ -101,6 +101,10 @@ class RequestTooLarge(MessageError):
     """A request body was larger than the study's ``max_body_bytes``."""
 
 
+class RequestTimeout(MessageError):
+    """A request body did not arrive in time (a stalled or very slow client)."""
+
+
 # --------------------------------------------------------------------------- errors <-> statuses
 
 #: Error classes a reply may name, by `ErrorReply.code`. Anything else becomes `ServiceError`.
@@ -117,12 +121,14 @@ ERROR_CLASSES: dict[str, type[Exception]] = {
         errors.ConfigError,
         AuthError,
         RequestTooLarge,
+        RequestTimeout,
     )
 }
 
 # Order matters: subclasses before their bases.
 _STATUSES: tuple[tuple[type[Exception], int], ...] = (
     (RequestTooLarge, 413),
+    (RequestTimeout, 408),
     (AuthError, 403),
     (errors.PolicyError, 403),  # outside the policy, the plan or the ledger: forbidden as such
     (errors.PrivacyError, 409),  # the round's state (too few sites/records, released) forbids it
