@@ -241,7 +241,8 @@ def test_weighted_vs_unweighted_brier_and_glm_single_out_a_zero_weight_record():
         assert not (one_record and error), "the record's squared error was recovered"
         return
     label = int(round(_value(first[False], "score") - _value(first[True], "score") + 0.5))
-    score = 1 - np.sqrt(d_sse) if label == 1 else np.sqrt(d_sse)
+    root = np.sqrt(max(d_sse, 0.0))
+    score = 1 - root if label == 1 else root
     assert not (one_record and label == y_t and abs(score - s_t) < 1e-3), (
         f"record recovered: label {label}, score {score:.6f}")
 
