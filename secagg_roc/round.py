@@ -13,6 +13,7 @@ whichever came first.
 from __future__ import annotations
 
 import enum
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -235,7 +236,7 @@ def _disagreeing(shares: list[InputShare]) -> list[str]:
     """The sites whose share differs in layout, encoding or record counting from the most common one
     (every site, if no form is held by more sites than any other)."""
     forms = [(s.layout, s.encoding, s.records == NOT_COUNTED) for s in shares]
-    counts = {f: forms.count(f) for f in forms}
+    counts = Counter(forms)  # one pass: a round may have thousands of sites
     if len(counts) == 1:
         return []
     top = max(counts.values())
