@@ -167,6 +167,11 @@ def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int) 
     return None
 
 
+def label_score_uses(args: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The arrays an analysis over ``args["label"]`` and ``args["score"]`` reads, with their roles."""
+    return [("label", args["label"]), ("score", args["score"])]
+
+
 def pooled_samples(release: Mapping[str, Mapping[str, np.ndarray]], name: str) -> np.ndarray:
     """The sorted pool of array `name` over every site of a per-site release."""
     parts = [np.asarray(arrays[name], dtype=np.float64).ravel() for _, arrays in sorted(release.items())]

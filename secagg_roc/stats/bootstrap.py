@@ -70,7 +70,7 @@ from typing import TYPE_CHECKING, Any, Generator
 import numpy as np
 
 from ..errors import PolicyError
-from ..plans import PlanContext, Step, plan, run_analysis
+from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
 from ..queries.bootstrap import NEGATIVES_KEY
 from .bootstrap_arith import (
@@ -146,10 +146,6 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {**out, **declare_privacy(policy, args)}
 
 
-def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
-    return [("label", args["label"]), ("score", args["score"])]
-
-
 def _vectors(totals: Any, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
     num = np.asarray(totals["numerator"]).reshape(-1)
     den = np.asarray(totals["weight"]).reshape(-1).astype(np.float64)
@@ -158,7 +154,7 @@ def _vectors(totals: Any, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
     return num.astype(np.float64), den
 
 
-@plan("bootstrap", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level)
+@plan("bootstrap", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
 def bootstrap_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, BootstrapResult | None]:
     """The ``bootstrap`` plan: (the score release, then) one round of replicate totals."""
     policy, statistic, n_boot = ctx.policy, args["statistic"], args["n_boot"]

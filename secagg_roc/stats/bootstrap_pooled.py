@@ -17,6 +17,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
+from .arrays import check_labels_scores
 from .bootstrap_arith import (
     CHUNK,
     STATISTICS,
@@ -28,7 +29,6 @@ from .bootstrap_arith import (
     specificity_cuts,
     stratified_weights,
 )
-from .arrays import check_labels_scores
 from .bootstrap_result import BootstrapResult
 
 METHODS = ("stratified", "ordinary", "poisson")

@@ -28,11 +28,10 @@ from typing import TYPE_CHECKING, Any, Generator
 
 import numpy as np
 
-from ..plans import PlanContext, Step, plan, run_analysis
+from ..errors import PolicyError
+from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
 from ..queries.groups import small_groups
-from ..errors import PolicyError
-from ..plans import pooled_samples
 from .binning import bin_edges, quantile_edges
 from .glm import precision
 from .results import TRUSTED_HOST, TRUSTED_HOST_NOTE, CalibrationCurve
@@ -96,10 +95,6 @@ def _label_score(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"label": label, "score": score}
 
 
-def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
-    return [("label", args["label"]), ("score", args["score"])]
-
-
 def _brier_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     weights = args.get("weights")
     if weights is not None and not isinstance(weights, str):
@@ -109,7 +104,7 @@ def _brier_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _brier_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
-    return _uses(args) + ([("weight", args["weights"])] if args.get("weights") else [])
+    return label_score_uses(args) + ([("weight", args["weights"])] if args.get("weights") else [])
 
 
 #: The largest prior weight a weighted Brier score takes: the fixed-point precision is set for it, so larger
@@ -235,7 +230,7 @@ def _calibration_min_records(policy: Policy) -> int:
     return policy.min_cell_count
 
 
-@plan("calibration", declare=_calibration_declare, uses=_uses, min_records=_calibration_min_records)
+@plan("calibration", declare=_calibration_declare, uses=label_score_uses, min_records=_calibration_min_records)
 def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, CalibrationCurve]:
     """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site;
     with quantile bins, first the scores' release the edges come from."""

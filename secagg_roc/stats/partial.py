@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Generator, Sequence
 import numpy as np
 
 from ..errors import PolicyError
-from ..plans import PlanContext, Step, plan, run_analysis
+from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
 from ..queries.roc_compare import FOCI, check_bounds
 from .roc_arith import partial_areas
@@ -94,17 +94,13 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"label": label, "score": score, "focus": focus, "bounds": lo_hi, **flags, **privacy}
 
 
-def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
-    return [("label", args["label"]), ("score", args["score"])]
-
-
 def area_bits(records: int, n_sites: int) -> int:
     """Fractional bits of the partial-area round: every record adds at most 1, so totals stay below `records`."""
     headroom = math.ceil(math.log2(max(2, n_sites))) + math.ceil(math.log2(max(2, records)))
     return int(max(0, min(52, 62 - headroom)))
 
 
-@plan("pauc", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level)
+@plan("pauc", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
 def pauc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, PartialAuc]:
     """The ``pauc`` plan: counts, the score release; in the non-private mode one secure round of partial
     areas, under DP the area of the released samples (post-processing, like `coords`)."""

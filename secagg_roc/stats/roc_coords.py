@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generator, Sequence
 
-from ..plans import PlanContext, Step, plan, run_analysis
+from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
 from .roc_compare import assemble_coords, check_weights
 from .roc_compare_results import RocCoords
@@ -51,11 +51,7 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"label": label, "score": score, "best_weights": weights, **declare_privacy(policy, args)}
 
 
-def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
-    return [("label", args["label"]), ("score", args["score"])]
-
-
-@plan("coords", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level)
+@plan("coords", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
 def coords_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocCoords]:
     """The ``coords`` plan: counts and the score release; the coordinates are computed from the release."""
     score = args["score"]

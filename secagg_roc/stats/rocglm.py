@@ -45,7 +45,7 @@ from scipy.special import ndtr, ndtri
 
 from ..dp.sensitivity import L2Sensitivity
 from ..errors import PolicyError
-from ..plans import PlanContext, Step, plan, pooled_samples, run_analysis
+from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
 from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
@@ -174,10 +174,6 @@ def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {**out, **declare_privacy(policy, args)}
 
 
-def _rocglm_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
-    return [("label", args["label"]), ("score", args["score"])]
-
-
 def _digest(*arrays: np.ndarray) -> str:
     h = hashlib.sha256()
     for a in arrays:
@@ -186,7 +182,7 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-@plan("rocglm", declare=_rocglm_declare, uses=_rocglm_uses, min_records=lambda policy: policy.privacy_level)
+@plan("rocglm", declare=_rocglm_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
 def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocGlmResult]:
     """The ``rocglm`` plan: counts, the per-site DP release, Fisher scoring, DeLong moments."""
     policy = ctx.policy
