@@ -132,12 +132,6 @@ def check_thresholds(thresholds) -> np.ndarray:
     return t
 
 
-def exceedance_counts(placements: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
-    """For each threshold t_j, how many placement values are <= t_j (the ROC-GLM's U column sums)."""
-    pv = np.sort(np.asarray(placements, dtype=float))
-    return np.searchsorted(pv, np.asarray(thresholds, dtype=float), side="right").astype(np.int64)
-
-
 def empirical_roc(negatives_sorted: np.ndarray, positives_sorted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Empirical ROC points (fpr, tpr) for the rule "positive if score >= c", from (0, 0) to (1, 1)."""
     neg = np.asarray(negatives_sorted, dtype=float)
