@@ -9,6 +9,7 @@ calibration curves.
 
 from . import pooled
 from .errors import (
+    TamperError,
     CombineError,
     ConfigError,
     EncodingError,
@@ -52,6 +53,7 @@ __all__ = [
     "BrierScore",
     "CalibrationCurve",
     "CombineError",
+    "TamperError",
     "ConfigError",
     "DPPolicy",
     "Encoding",

@@ -14,8 +14,9 @@ from typing import Mapping
 import numpy as np
 
 from .buffers import BufferPool
-from .errors import CombineError
+from .errors import CombineError, TamperError
 from .layout import unflatten
+from .wire import layout_size
 from .messages import AggregateShare, ForwardedShares, RoundStatus
 from .sharing import Payload, SharingScheme
 
@@ -42,12 +43,17 @@ def agree_contributors(statuses: list[RoundStatus]) -> tuple[str, ...]:
 
 
 def _check_together(shares: list, scheme: SharingScheme, attrs: tuple[str, ...]) -> list:
-    if len(shares) != scheme.n_aggregators:
-        raise CombineError(f"need one share from each of {scheme.n_aggregators} aggregators, got {len(shares)}")
+    """`shares` ordered by aggregator: from distinct aggregators, at least the scheme's threshold of them, with
+    the same round metadata (a scheme with a threshold combines from any `threshold` aggregators)."""
     ordered = sorted(shares, key=lambda s: s.aggregator)
-    if [s.aggregator for s in ordered] != list(range(scheme.n_aggregators)):
-        indices = [s.aggregator for s in ordered]
-        raise CombineError(f"shares come from aggregators {indices}, expected 0..{scheme.n_aggregators - 1}")
+    indices = [s.aggregator for s in ordered]
+    if len(set(indices)) != len(indices) or any(not 0 <= j < scheme.n_aggregators for j in indices):
+        raise CombineError(f"shares come from aggregators {indices}: expected distinct ones of "
+                           f"0..{scheme.n_aggregators - 1}")
+    if len(ordered) < scheme.threshold:
+        need = ("each of" if scheme.threshold == scheme.n_aggregators else f"at least {scheme.threshold} of")
+        raise CombineError(f"need one share from {need} {scheme.n_aggregators} aggregators ({scheme.name} "
+                           f"scheme), got {len(ordered)}: from aggregators {indices}")
     first = ordered[0]
     for s in ordered[1:]:
         for attr in attrs:
@@ -70,8 +76,15 @@ def combine(shares: list[AggregateShare], scheme: SharingScheme, buffers: Buffer
         raise CombineError("aggregate shares have different lengths")
     if first.encoding.raw:
         raise CombineError("raw float encodings are per-site releases; they are never summed")
-    out = None if buffers is None else buffers.take(first.vector.size)
-    total = scheme.combine([s.vector for s in ordered], out=out)
+    out = None if buffers is None else buffers.take(layout_size(first.layout))
+    if first.vector.size != scheme.payload_length(layout_size(first.layout)):
+        raise CombineError("aggregate shares do not have the length their layout and the scheme give")
+    for s in ordered:
+        problem = scheme.check_payload(s.vector)
+        if problem is not None:  # no honest aggregator's sum looks like this
+            raise TamperError(f"aggregator {s.aggregator} returned a sum outside the scheme's group: {problem}",
+                              (s.aggregator,))
+    total = scheme.combine({s.aggregator: s.vector for s in ordered}, out=out)
     decoded = first.encoding.decode(total)
     if buffers is not None:
         buffers.give(total)
@@ -85,14 +98,15 @@ def combine_forwarded(shares: list[ForwardedShares], scheme: SharingScheme) -> d
     for i, site in enumerate(ordered[0].contributors):
         parts = [f.shares[i] for f in ordered]
         first = parts[0]
-        if any((p.site, p.layout, p.encoding, p.aggregator) != (site, first.layout, first.encoding, j)
-               for j, p in enumerate(parts)):
+        if any((p.site, p.layout, p.encoding, p.aggregator) != (site, first.layout, first.encoding, f.aggregator)
+               for f, p in zip(ordered, parts)):
             raise CombineError(f"the aggregators forwarded shares of site {site!r} that do not belong together")
-        n = first.length
-        vectors = []
-        for p in parts:
-            v = np.empty(n, dtype=np.uint64)
+        n = scheme.payload_length(first.length)
+        vectors = {}
+        for f, p in zip(ordered, parts):
+            if p.vector is not None and p.vector.shape != (n,):
+                raise CombineError(f"a forwarded share of site {site!r} has the wrong length")
+            vectors[f.aggregator] = v = np.empty(n, dtype=np.uint64)
             scheme.materialize(v, Payload(seed=p.seed, vector=p.vector))
-            vectors.append(v)
         out[site] = unflatten(first.layout, first.encoding.decode(scheme.combine(vectors)))
     return out

@@ -56,3 +56,18 @@ class SiteQueryError(SecAggError, ValueError):
 
 class ConfigError(SecAggError, ValueError):
     """A study definition, key file or command-line setting is invalid."""
+
+
+class TamperError(CombineError):
+    """Aggregate shares that cannot all be honest: an aggregator altered what it returned.
+
+    Raised by whoever combines (the Analyst, a Site) under a scheme that holds
+    redundant shares (replicated sharing; Shamir with more than `threshold`
+    aggregators answering) instead of returning a wrong total. `suspects` are
+    the aggregator indices consistent with the evidence: one when the culprit
+    is identified.
+    """
+
+    def __init__(self, message: str, suspects: tuple[int, ...] = ()):
+        super().__init__(message)
+        self.suspects = tuple(suspects)

@@ -13,6 +13,7 @@ bytes and decoded again on delivery, exactly as the network would carry it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 from typing import Any, Callable, Mapping
@@ -23,7 +24,18 @@ from .aggregator import Aggregator, RoundPolicy
 from .analyst import Totals, agree_contributors, combine, combine_forwarded
 from .buffers import BufferPool
 from .errors import EncodingError, PolicyError, PrivacyError, RoundError, SecAggError, SiteQueryError
-from .messages import CloseRound, InputShare, Message, Query, RoundId, StatusRequest, check_name, decode
+from .messages import (
+    AggregateShare,
+    CloseRound,
+    ForwardedShares,
+    InputShare,
+    Message,
+    Query,
+    RoundId,
+    StatusRequest,
+    check_name,
+    decode,
+)
 from .queries import SiteData, canonical_params, query_digest
 from .queries.run import JOIN
 from .sharing import make_scheme
@@ -31,14 +43,21 @@ from .site import Site
 from .transcript import Transcript
 
 ANALYST = "analyst"
+#: The phases of a round, in order, at which `LocalFederation.take_down` makes an aggregator stop answering.
+_PHASES = ("open", "share", "close")
 
 
 class LocalFederation:
     """K sites, N aggregators and one analyst in this process.
 
     `privacy_level` (q) applies to rounds whose sites report record counts;
-    `min_sites` to every round. ``scheme="plaintext"`` runs the non-private
-    trusted-host baseline (one aggregator). `transcripts`: "light" (the
+    `min_sites` to every round. `scheme` picks the threat model
+    (`sharing.SCHEMES`): "additive" (N-of-N, default 2 aggregators), "shamir"
+    (`threshold`-of-N, default 3 aggregators, threshold a majority),
+    "replicated" (3 aggregators, tampering detected) or "plaintext" (the
+    non-private trusted-host baseline, one aggregator). `take_down` and
+    `tamper` make an aggregator fail or cheat, to test what each scheme
+    tolerates. `transcripts`: "light" (the
     default) records who sent each party which kind of message in which round,
     bounded and at almost no cost; True keeps every message body as received
     (share vectors included, so they are not recycled: slower, for tests and
@@ -53,6 +72,7 @@ class LocalFederation:
         min_sites: int = 2,
         privacy_level: int = 5,
         scheme: str = "additive",
+        threshold: int | None = None,
         frac_bits: int = 32,
         study_id: str = "local-study",
         wire: bool = False,
@@ -63,9 +83,10 @@ class LocalFederation:
         self.sites = tuple(check_name(s, "site") for s in sites)
         if len(set(self.sites)) != len(self.sites):
             raise ValueError("site names must be unique")
-        if n_aggregators is None:
-            n_aggregators = 1 if scheme == "plaintext" else 2
-        self.scheme = make_scheme(scheme, n_aggregators)
+        self.scheme = make_scheme(scheme, n_aggregators, threshold=threshold)
+        limit = getattr(self.scheme, "max_sites", None)
+        if limit is not None and len(self.sites) > limit:
+            raise ValueError(f"the {scheme} scheme sums at most {limit} sites exactly; {len(self.sites)} given")
         self.study_id = check_name(study_id, "study id")
         self.frac_bits = int(frac_bits)
         self.wire = wire
@@ -97,6 +118,10 @@ class LocalFederation:
         self._bare_sites = {s: self.site(SiteData(s, {})) for s in self.sites}
         #: run -> its contributors, from the run's join release (who gets the run's later rounds).
         self._members: dict[str, tuple[str, ...]] = {}
+        #: aggregator index -> the phase of each round from which it no longer answers (`take_down`).
+        self._down: dict[int, str] = {}
+        #: aggregator index -> how it alters every release it sends (`tamper`).
+        self._tampering: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
 
     # -- public -----------------------------------------------------------------
 
@@ -111,6 +136,30 @@ class LocalFederation:
         if not self.transcripts:
             raise RuntimeError("this federation was created with transcripts=False")
         return self.transcripts[party]
+
+    def take_down(self, aggregator: int, *, at: str = "open") -> None:
+        """Make aggregator `aggregator` unreachable from phase `at` of every round on, until `bring_up`.
+
+        "open": it never hears of a round; "share": it opened the round but no share
+        reaches it; "close": it holds the shares but never answers the analyst. A scheme
+        with a threshold still releases while enough aggregators answer; otherwise the
+        round fails with a `RoundError` naming the missing aggregators."""
+        if at not in _PHASES:
+            raise ValueError(f"at must be one of {', '.join(_PHASES)}, got {at!r}")
+        self._down[self._aggregator_index(aggregator)] = at
+
+    def bring_up(self, aggregator: int) -> None:
+        """Undo `take_down` for `aggregator`."""
+        self._down.pop(self._aggregator_index(aggregator), None)
+
+    def tamper(self, aggregator: int, alter: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
+        """Make aggregator `aggregator` malicious: every release it sends has its vector replaced by
+        `alter(vector)` (default: the lowest bit of the first element flipped), until `honest`."""
+        self._tampering[self._aggregator_index(aggregator)] = alter or _flip_first_bit
+
+    def honest(self, aggregator: int) -> None:
+        """Undo `tamper` for `aggregator`."""
+        self._tampering.pop(self._aggregator_index(aggregator), None)
 
     def secure_sum(
         self,
@@ -178,13 +227,13 @@ class LocalFederation:
     @contextlib.contextmanager
     def _abandoned_on_failure(self, query: Query):
         """A round that cannot be released is abandoned at once (deployed, its deadline does it): a failed
-        round holds no open-round slot, and its run has failed."""
+        round holds no open-round slot, and its run has failed. So is the round at an aggregator that was
+        down at the close while the others released: its deadline passes."""
         try:
             yield
-        except BaseException:
+        finally:
             for agg in self.aggregators:
-                agg.abandon(query.round_id.number)
-            raise
+                agg.abandon(query.round_id.number)  # only an open round is touched
 
     def _answer_and_release(self, query: Query, sites: Mapping[str, Site]) -> list:
         params = query.params
@@ -205,16 +254,35 @@ class LocalFederation:
                 raise type(first)(f"{first} (and so: {exc})") from None
             raise
         for name in contributors:
-            for agg, share in zip(self.aggregators, shares):
-                self._deliver(agg.name, name, share)
+            for share in shares:
+                self._deliver(self.aggregators[share.aggregator].name, name, share)
             sites[name].receive_release(shares)
         if joining and run is not None:
             self._members[run] = tuple(contributors)
         return shares
 
     def _open(self, query: Query) -> None:
-        for agg in self.aggregators:
+        self._require_quorum(self._reachable("open"), "open the round")
+        for agg in self._reachable("open"):
             self._exchange(agg, query)
+
+    def _reachable(self, phase: str) -> list[Aggregator]:
+        """The aggregators that still answer at `phase` of a round (all, unless `take_down` was used)."""
+        rank = _PHASES.index(phase)
+        return [a for a in self.aggregators if a.index not in self._down or _PHASES.index(self._down[a.index]) > rank]
+
+    def _require_quorum(self, answering: list[Aggregator], what: str) -> None:
+        if len(answering) < self.scheme.threshold:
+            down = sorted(set(range(len(self.aggregators))) - {a.index for a in answering})
+            raise RoundError(
+                f"cannot {what}: aggregators {down} do not answer, and the {self.scheme.name} scheme needs "
+                f"{self.scheme.threshold} of its {len(self.aggregators)} aggregators"
+            )
+
+    def _aggregator_index(self, aggregator: int) -> int:
+        if not isinstance(aggregator, int) or not 0 <= aggregator < len(self.aggregators):
+            raise ValueError(f"aggregator must be an index in 0..{len(self.aggregators) - 1}, got {aggregator!r}")
+        return aggregator
 
     def _collect(self, query: Query, names: list[str], answer: Callable[[str], list[InputShare]], *,
                  keep_refusals: bool = True) -> dict[str, SecAggError]:
@@ -229,21 +297,29 @@ class LocalFederation:
                     raise
                 refusals[name] = exc
                 continue
+            receiving = {a.index for a in self._reachable("share")}
             for share in shares:
+                if share.aggregator not in receiving:
+                    continue  # lost on its way to an aggregator that is down
                 agg = self.aggregators[share.aggregator]
                 ack = self._deliver(name, agg.name, share, handler=agg)
                 self._deliver(agg.name, name, ack)
         return refusals
 
     def _agree(self, query: Query) -> tuple[str, ...]:
-        return agree_contributors([self._exchange(agg, StatusRequest(query.round_id)) for agg in self.aggregators])
+        answering = self._reachable("close")
+        self._require_quorum(answering, f"close {query.round_id}")
+        return agree_contributors([self._exchange(agg, StatusRequest(query.round_id)) for agg in answering])
 
     def _close(self, query: Query, contributors: tuple[str, ...]) -> list:
-        return [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self.aggregators]
+        return [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self._reachable("close")]
 
     def _exchange(self, agg: Aggregator, message: Message) -> Any:
-        """Analyst -> aggregator request, and its reply back to the analyst."""
+        """Analyst -> aggregator request, and its reply back to the analyst (altered if the aggregator cheats)."""
         reply = self._deliver(ANALYST, agg.name, message, handler=agg)
+        alter = self._tampering.get(agg.index)
+        if alter is not None and isinstance(reply, (AggregateShare, ForwardedShares)):
+            reply = _altered(reply, alter)
         return self._deliver(agg.name, ANALYST, reply)
 
     def _deliver(self, sender: str, receiver: str, message: Message, handler: Aggregator | None = None) -> Any:
@@ -256,3 +332,18 @@ class LocalFederation:
         if handler is None:
             return message
         return handler.handle(message)
+
+
+def _flip_first_bit(vector: np.ndarray) -> np.ndarray:
+    out = vector.copy()
+    out[0] ^= np.uint64(1)
+    return out
+
+
+def _altered(release: AggregateShare | ForwardedShares, alter: Callable[[np.ndarray], np.ndarray]):
+    """A cheating aggregator's version of `release`: its sum (or each forwarded vector) through `alter`."""
+    if isinstance(release, AggregateShare):
+        return dataclasses.replace(release, vector=alter(release.vector))
+    shares = tuple(dataclasses.replace(s, vector=alter(s.vector)) if s.vector is not None
+                   else dataclasses.replace(s, seed=bytes([s.seed[0] ^ 1]) + s.seed[1:]) for s in release.shares)
+    return dataclasses.replace(release, shares=shares)

@@ -137,6 +137,13 @@ class Query(Message):
         return value
 
 
+def _payload_sizes(layout: Layout) -> tuple[int, int]:
+    """The lengths a vector for `layout` may have: the round checks the exact one its sharing scheme gives
+    (Shamir's limbs and replicated sharing's component pairs are twice the layout's length)."""
+    n = layout_size(layout)
+    return (n, 2 * n)
+
+
 @dataclass(frozen=True)
 class InputShare(Message):
     """Site -> aggregator j: the site's share of its query output for one round.
@@ -192,8 +199,9 @@ class InputShare(Message):
             vector = r.array("share vector")
             if vector.dtype != np.uint64 or vector.ndim != 1:
                 raise MessageError("a share vector is a 1-d uint64 array")
-            if vector.size != layout_size(layout):
-                raise MessageError(f"share vector has {vector.size} elements, layout says {layout_size(layout)}")
+            if vector.size not in _payload_sizes(layout):
+                raise MessageError(f"share vector has {vector.size} elements, layout says {layout_size(layout)} "
+                                   "(or twice that, under a scheme whose payloads are twice as long)")
             return cls(round_id, site, aggregator, encoding, records, layout, vector=vector)
         raise MessageError(f"unknown payload tag {tag}")
 
@@ -279,7 +287,7 @@ class AggregateShare(Message):
         rid, agg, contributors = r.round_id(), r.u64("aggregator index"), r.names("contributors")
         records, encoding, layout = r.i64("records"), r.encoding(), _parse_layout(r.str("layout"))
         vector = r.array("aggregate vector")
-        if vector.dtype != np.uint64 or vector.ndim != 1 or vector.size != layout_size(layout):
+        if vector.dtype != np.uint64 or vector.ndim != 1 or vector.size not in _payload_sizes(layout):
             raise MessageError("aggregate vector must be 1-d uint64 matching its layout")
         return cls(rid, agg, contributors, records, encoding, layout, vector)
 

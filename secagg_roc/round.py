@@ -119,8 +119,12 @@ class Round:
                 raise MessageError(f"a seed is {prg.SEED_BYTES} bytes, got {len(share.seed)}")
         else:
             v = share.vector
-            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.shape != (length,):
-                raise MessageError(f"share vector must be uint64 of shape ({length},)")
+            n = self.scheme.payload_length(length)
+            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.shape != (n,):
+                raise MessageError(f"share vector must be uint64 of shape ({n},) under the {self.scheme.name} scheme")
+            problem = self.scheme.check_payload(v)
+            if problem is not None:
+                raise MessageError(f"share from {share.site!r}: {problem}")
         if share.records == NOT_COUNTED and self.policy.require_records:
             raise MessageError("this study requires a record count with every share")
         if share.records < NOT_COUNTED:
@@ -190,7 +194,7 @@ class Round:
             self.state = RoundState.RELEASED
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
             return self.released
-        n = shares[0].length
+        n = self.scheme.payload_length(shares[0].length)
         acc = np.empty(n, dtype=np.uint64) if self.buffers is None else self.buffers.take(n)
         payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
         self.scheme.materialize(acc, payloads[0])

@@ -122,7 +122,8 @@ class LocalStudy(Study):
     `roles` naming labels and scores) are shortcuts for the policy's fields; ``allow_non_private=True`` is the researcher's explicit
     non-private simulation mode, and every result then says so. `seed` seeds
     the sites' DP noise only (share randomness always comes from the operating
-    system); ``scheme="plaintext"`` runs the non-private trusted-host baseline.
+    system); `scheme` (with `n_aggregators` and Shamir's `threshold`) picks the threat model, as in
+    `LocalFederation`; ``scheme="plaintext"`` runs the non-private trusted-host baseline.
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class LocalStudy(Study):
         min_cell_count: int | None = None,
         seed: int | None = None,
         scheme: str = "additive",
+        threshold: int | None = None,
         frac_bits: int = 32,
         study_id: str = "local-study",
         transcripts: bool | str = "light",
@@ -158,6 +160,7 @@ class LocalStudy(Study):
             privacy_level=self.policy.privacy_level,
             allow_dropouts=self.policy.allow_dropouts,
             scheme=scheme,
+            threshold=threshold,
             frac_bits=frac_bits,
             study_id=study_id,
             transcripts=transcripts,

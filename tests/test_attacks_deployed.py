@@ -890,7 +890,7 @@ def test_a_step_opened_under_another_number_at_each_aggregator_never_combines(st
     with pytest.raises(CombineError, match="disagree on round_id"):
         combine(halves, _scheme(cl))
     # An analyst that adds the two halves anyway gets noise, not the total (each site split its answer twice).
-    summed = _scheme(cl).combine([h.vector for h in halves])
+    summed = _scheme(cl).combine({h.aggregator: h.vector for h in halves})
     garbage = halves[0].encoding.decode(summed)[0]
     assert abs(garbage / truth.n_records - float(truth)) > 1e-3
     # Every site recorded the step once in its ledger (the same quantity, run and step).

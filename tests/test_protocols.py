@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import secagg_roc as sr
+import secagg_roc.sharing  # noqa: F401
 from secagg_roc.messages import Message
 
 PROTOCOLS = Path(__file__).resolve().parent.parent / "protocols"
@@ -50,7 +51,8 @@ def test_spec_is_well_formed(name):
         assert m["sender"] in {"site", "aggregator", "analyst"} and m["receiver"] in {"site", "aggregator", "analyst"}
 
 
-@pytest.mark.parametrize("name, scheme, n", [("additive-secure-sum", "additive", 3), ("plaintext-baseline", "plaintext", 1)])
+@pytest.mark.parametrize("name, scheme, n", [("additive-secure-sum", "additive", 3), ("plaintext-baseline", "plaintext", 1),
+                                             ("shamir-secure-sum", "shamir", 4), ("replicated-secure-sum", "replicated", 3)])
 def test_parties_receive_only_what_the_spec_lists(name, scheme, n):
     spec = load(name)
     assert spec["protocol"]["scheme"] == scheme
@@ -63,6 +65,19 @@ def test_parties_receive_only_what_the_spec_lists(name, scheme, n):
     assert received, "the protocol ran"
     unlisted = received - allowed(spec)
     assert not unlisted, f"{name}: parties received messages the spec does not list: {sorted(unlisted)}"
+
+
+@pytest.mark.parametrize("name", ["shamir-secure-sum", "replicated-secure-sum"])
+def test_spec_threat_model_matches_the_scheme(name):
+    """The words in `[threat_model]` state what the scheme's `ThreatModel` says (for n=5, t=3 and n=3)."""
+    spec = load(name)["threat_model"]
+    scheme = sr.sharing.make_scheme(spec["scheme"], 5 if spec["scheme"] == "shamir" else 3,
+                                    **({"threshold": 3} if spec["scheme"] == "shamir" else {}))
+    tm = scheme.threat_model
+    n, t = scheme.n_aggregators, scheme.threshold
+    assert eval(spec["max_colluding_servers"], {"n": n, "t": t}) == tm.max_colluding_servers
+    assert eval(spec["server_dropouts"], {"n": n, "t": t}) == tm.server_dropouts
+    assert spec["aggregator alters its aggregate share"].startswith(tm.malicious["aggregator alters its aggregate share"])
 
 
 def test_the_check_would_catch_an_unlisted_message():

@@ -17,16 +17,27 @@ import numpy as np
 from .. import prg
 from ..ring import FixedPoint
 from .base import Payload, SharingScheme
+from .threat import ThreatModel
 
 
 class AdditiveSharing(SharingScheme):
     name = "additive"
     private = True
     accepts_seeds = True
-    threat_model = (
-        "additive N-of-N shares: any N-1 colluding aggregators learn nothing about a site's input; "
-        "the analyst learns only totals over the agreed contributor set"
-    )
+
+    @property
+    def threat_model(self) -> ThreatModel:
+        n = self.n_aggregators
+        return ThreatModel(
+            scheme=self.name, servers=n, max_colluding_servers=n - 1, server_dropouts=0,
+            trust=f"any {n - 1} of the {n} aggregators may collude: only all {n} together see a site's input",
+            site_dropouts="before its shares arrive at every aggregator (the total is over the sites all accepted)",
+            malicious={"aggregator alters its aggregate share": "undetected",
+                       "aggregator withholds its aggregate share": "blocked",
+                       "site sends a malformed share": "blocked"},
+            upload_vectors_per_site=1.0,
+            notes=(f"a site uploads one ring vector and {n - 1} 16-byte seeds",),
+        )
 
     @classmethod
     def check_n(cls, n_aggregators: int) -> int:

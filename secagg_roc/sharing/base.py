@@ -2,9 +2,12 @@
 
 A scheme says how a Site turns one encoded vector into per-aggregator payloads,
 how an Aggregator folds a payload into its running sum, and how the Analyst
-combines the aggregators' sums. Callers (the round, the federation, the
-deployed services) only use this interface, so a Shamir, pairwise-mask or
-replicated scheme plugs in without touching them.
+combines the aggregators' sums -- from every aggregator, or from any
+`threshold` of them for a threshold scheme. A payload may be longer than the
+input (`payload_length`: Shamir shares two 32-bit limbs per ring element,
+replicated sharing holds two components) and may live in another group than
+Z_2^64 (`check_payload`, `accumulate`). Callers (the round, the federation,
+the deployed services) only use this interface.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from ..ring import FixedPoint
+from .threat import ThreatModel
 
 
 @dataclass(frozen=True)
@@ -32,13 +36,28 @@ class SharingScheme(abc.ABC):
     name: str
     #: False for baselines where some party sees inputs in the clear.
     private: bool
-    #: What a party of this scheme learns, in one sentence (for reports and docs).
-    threat_model: str
     #: Whether payloads may be PRG seeds standing for whole vectors.
     accepts_seeds: bool = False
+    #: Payload elements are uniform over [0, 2^element_bits) for a coalition below the threshold.
+    element_bits: int = 64
 
     def __init__(self, n_aggregators: int):
         self.n_aggregators = self.check_n(n_aggregators)
+        #: How many aggregators' sums the analyst needs (all of them, unless the scheme has a threshold).
+        self.threshold = self.n_aggregators
+
+    @property
+    @abc.abstractmethod
+    def threat_model(self) -> ThreatModel:
+        """Who must not collude, which failures the scheme tolerates, what a cheating party achieves."""
+
+    def payload_length(self, n: int) -> int:
+        """How many uint64 elements carry an input of `n` ring elements to one aggregator."""
+        return n
+
+    def check_payload(self, vector: np.ndarray) -> str | None:
+        """Run by an Aggregator before a payload touches state: what is wrong with it, or None."""
+        return None
 
     @classmethod
     @abc.abstractmethod
@@ -75,10 +94,14 @@ class SharingScheme(abc.ABC):
         out.fill(0)
         self.accumulate(out, payload)
 
-    def combine(self, aggregate_vectors: list[np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
-        """Run by the Analyst: the total from every aggregator's sum (mod 2^64), into `out` if given."""
-        if len(aggregate_vectors) != self.n_aggregators:
-            raise ValueError(f"need {self.n_aggregators} aggregate shares, got {len(aggregate_vectors)}")
+    def combine(self, aggregate_vectors: Mapping[int, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Run by the Analyst: the total (ring elements) from aggregator index -> its sum, into `out` if given.
+
+        This additive form needs every aggregator; threshold schemes override it."""
+        if sorted(aggregate_vectors) != list(range(self.n_aggregators)):
+            raise ValueError(f"need the aggregate shares of all {self.n_aggregators} aggregators, "
+                             f"got those of {sorted(aggregate_vectors)}")
+        aggregate_vectors = [aggregate_vectors[j] for j in range(self.n_aggregators)]
         total = np.empty_like(aggregate_vectors[0]) if out is None else out
         if len(aggregate_vectors) == 1:
             np.copyto(total, aggregate_vectors[0])

@@ -11,12 +11,23 @@ from __future__ import annotations
 import numpy as np
 
 from .base import Payload, SharingScheme
+from .threat import ThreatModel
 
 
 class PlaintextSharing(SharingScheme):
     name = "plaintext"
     private = False
-    threat_model = "NOT PRIVATE: the trusted host sees every site's input in the clear"
+
+    @property
+    def threat_model(self) -> ThreatModel:
+        return ThreatModel(
+            scheme=self.name, servers=1, max_colluding_servers=0, server_dropouts=0,
+            trust="NOT PRIVATE: the trusted host sees every site's input in the clear",
+            site_dropouts="before its input arrives",
+            malicious={"aggregator alters its aggregate share": "undetected",
+                       "aggregator withholds its aggregate share": "blocked",
+                       "site sends a malformed share": "blocked"},
+        )
 
     @classmethod
     def check_n(cls, n_aggregators: int) -> int:

@@ -1,0 +1,153 @@
+"""Shamir t-of-n secret sharing among n aggregators, over F_p with p = 2^61 - 1.
+
+A Site cuts each ring element of its encoded output (Z_2^64, two's-complement
+fixed point) into two 32-bit limbs and shares every limb with its own random
+polynomial of degree t-1 over F_p: aggregator j receives the evaluations at
+x = j+1. Aggregators add shares in F_p. The Analyst interpolates at 0 from any
+t aggregators' sums: each limb sum is an integer below K * 2^32 < p, so it is
+exact, and lo + 2^32 * hi (mod 2^64) is the ring total -- the full 64-bit range
+of the fixed-point codec, nothing narrower. Any t-1 aggregators see field
+elements that are uniform and independent of the input; up to n-t may be down
+or drop out mid-round. When more than t aggregators answer, the extra sums
+must lie on the same polynomials: a mismatch raises `TamperError`.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from .. import field
+from ..errors import TamperError
+from ..ring import FixedPoint
+from .base import Payload, SharingScheme
+from .threat import ThreatModel
+
+_32 = np.uint64(32)
+_LOW = np.uint64(0xFFFFFFFF)
+#: Limb sums of this many sites stay below p, so reconstruction is exact.
+MAX_SITES = (field.P - 1) // 0xFFFFFFFF
+
+
+class ShamirSharing(SharingScheme):
+    name = "shamir"
+    private = True
+    max_sites = MAX_SITES
+    element_bits = 61
+
+    def __init__(self, n_aggregators: int, threshold: int | None = None):
+        super().__init__(n_aggregators)
+        t = self.n_aggregators // 2 + 1 if threshold is None else int(threshold)
+        if not 2 <= t <= self.n_aggregators:
+            raise ValueError(f"a Shamir threshold must be in 2..{self.n_aggregators} (n_aggregators), got {threshold}: "
+                             "with threshold 1 every aggregator would hold a site's input in the clear")
+        self.threshold = t
+
+    @classmethod
+    def check_n(cls, n_aggregators: int) -> int:
+        if int(n_aggregators) < 2:
+            raise ValueError("Shamir sharing needs at least 2 aggregators")
+        if int(n_aggregators) >= 1 << 16:
+            raise ValueError("Shamir sharing here supports fewer than 65536 aggregators")
+        return int(n_aggregators)
+
+    @property
+    def threat_model(self) -> ThreatModel:
+        n, t = self.n_aggregators, self.threshold
+        return ThreatModel(
+            scheme=self.name, servers=n, max_colluding_servers=t - 1, server_dropouts=n - t,
+            trust=f"any {t - 1} of the {n} aggregators may collude; {t} together can reconstruct a site's input",
+            site_dropouts="before its shares arrive at the answering aggregators",
+            malicious={"aggregator alters its aggregate share": "detected" if n > t else "undetected",
+                       "aggregator withholds its aggregate share": "blocked" if n == t else "undetected",
+                       "site sends a malformed share": "blocked"},
+            upload_vectors_per_site=2.0 * n,
+            notes=(f"field F_p, p = 2^61 - 1; each ring element travels as two 32-bit limbs, so totals keep "
+                   f"the full 64-bit fixed-point range for up to {MAX_SITES} sites",
+                   "alterations are detected when more than threshold aggregators answer: with exactly "
+                   "threshold answering, an altered sum goes unnoticed",
+                   "random coefficients are 61 keystream bits with p folded onto 0: statistical distance "
+                   "below 2^-61 per element from uniform"),
+        )
+
+    def payload_length(self, n: int) -> int:
+        return 2 * n
+
+    def check_payload(self, vector: np.ndarray) -> str | None:
+        if vector.size and int(vector.max()) >= field.P:
+            return "a Shamir share holds field elements below 2^61 - 1"
+        return None
+
+    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
+        """Run by a Site: n shares of the limbs of `encoded` (`holder` plays no part: every share is alike)."""
+        ring = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
+        limbs = np.concatenate([ring & _LOW, ring >> _32])
+        coefficients = [field.random_elements(limbs.size) for _ in range(self.threshold - 1)]
+        payloads = []
+        for j in range(self.n_aggregators):
+            x = j + 1
+            acc = coefficients[-1].copy() if coefficients else limbs.copy()
+            # Horner's rule: ((a_{t-1} x + a_{t-2}) x + ... + a_1) x + limbs.
+            for a in reversed(coefficients[:-1]):
+                acc = field.mul_scalar(acc, x)
+                field.add(acc, a)
+            if coefficients:
+                acc = field.mul_scalar(acc, x)
+                field.add(acc, limbs)
+            payloads.append(Payload(vector=acc))
+        return payloads
+
+    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
+              seeds: Mapping[int, bytes] | None = None) -> list[Payload]:
+        """Run by a Site: encode and split (the shares are fresh vectors; `out` only holds the encoding)."""
+        if seeds is not None:
+            raise ValueError("Shamir shares are polynomial evaluations, not seeds: they cannot be re-created from seeds")
+        return self.split(codec.encode(x, out=out), holder=holder)
+
+    def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
+        """Run by an Aggregator: acc += share (mod p)."""
+        field.add(acc, payload.vector)
+
+    def materialize(self, out: np.ndarray, payload: Payload) -> None:
+        np.copyto(out, payload.vector)
+
+    def combine(self, aggregate_vectors: Mapping[int, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
+        """Run by the Analyst: interpolate at 0 from any `threshold` sums; check every further sum against them."""
+        have = sorted(aggregate_vectors)
+        if len(have) < self.threshold or any(not 0 <= j < self.n_aggregators for j in have):
+            raise ValueError(f"need the sums of at least {self.threshold} of the {self.n_aggregators} aggregators "
+                             f"(threshold {self.threshold}), got those of {have}")
+        _check_consistent(aggregate_vectors, self.threshold)
+        base = have[: self.threshold]
+        limbs = field.combination([aggregate_vectors[j] for j in base], field.lagrange_at([j + 1 for j in base], 0))
+        half = limbs.size // 2
+        total = np.empty(half, dtype=np.uint64) if out is None else out
+        np.left_shift(limbs[half:], _32, out=total)
+        np.add(total, limbs[:half], out=total)
+        return total
+
+
+def _inconsistent(vectors: Mapping[int, np.ndarray], t: int) -> list[int]:
+    """The aggregators beyond the first t whose sums do not lie on the polynomial through the first t."""
+    have = sorted(vectors)
+    base = have[:t]
+    bad = []
+    for j in have[t:]:
+        predicted = field.combination([vectors[b] for b in base], field.lagrange_at([b + 1 for b in base], j + 1))
+        if not np.array_equal(predicted, vectors[j]):
+            bad.append(j)
+    return bad
+
+
+def _check_consistent(vectors: Mapping[int, np.ndarray], t: int) -> None:
+    """Raise `TamperError` unless every sum lies on one polynomial of degree t-1 (naming the culprit if it can)."""
+    if len(vectors) <= t or not _inconsistent(vectors, t):
+        return
+    # One liar among >= t + 2 answers: leaving it out makes the rest consistent, and no one else does.
+    suspects = tuple(j for j in sorted(vectors) if len(vectors) - 1 > t
+                     and not _inconsistent({k: v for k, v in vectors.items() if k != j}, t))
+    who = (f"aggregator {suspects[0]} returned a sum" if len(suspects) == 1
+           else f"the sums of aggregators {sorted(vectors)} are")
+    raise TamperError(f"{who} inconsistent with the other aggregators' Shamir shares; "
+                      "refusing to return a wrong total", suspects if len(suspects) == 1 else tuple(sorted(vectors)))

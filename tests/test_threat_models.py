@@ -1,0 +1,139 @@
+"""Every threat model through the embedded federation: exact totals where a scheme tolerates a failure, a
+clear error where it does not, `TamperError` for a cheating redundant aggregator, and the statistics
+unchanged (to 1e-9) under every scheme."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import secagg_roc as sr
+from secagg_roc import field
+from secagg_roc.datasets import load_asah
+
+SITES = ["h0", "h1", "h2", "h3"]
+
+
+def values(seed=0, d=6):
+    rng = np.random.default_rng(seed)
+    return {s: rng.normal(0, 100, d) for s in SITES}
+
+
+def exact(vals):
+    return sum(vals.values())
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 7), st.data())
+def test_shamir_tolerates_n_minus_t_aggregators_down_at_any_phase(n, data):
+    t = data.draw(st.integers(2, n))
+    fed = sr.LocalFederation(SITES, scheme="shamir", n_aggregators=n, threshold=t)
+    down = data.draw(st.sets(st.integers(0, n - 1), max_size=n))
+    for j in down:
+        fed.take_down(j, at=data.draw(st.sampled_from(["open", "share", "close"])))
+    vals = values(len(down))
+    if n - len(down) >= t:
+        np.testing.assert_allclose(fed.secure_sum(vals), exact(vals), rtol=0, atol=1e-8)
+    else:
+        with pytest.raises(sr.RoundError, match=f"needs {t} of its {n} aggregators"):
+            fed.secure_sum(vals)
+    for j in down:  # back up: the next round is exact again and nothing was left open
+        fed.bring_up(j)
+    np.testing.assert_allclose(fed.secure_sum(vals), exact(vals), rtol=0, atol=1e-8)
+    assert all(a.open_rounds() == 0 for a in fed.aggregators)
+
+
+def test_hidden_check_names_shamir_5_of_3():
+    fed = sr.LocalFederation(SITES, scheme="shamir", n_aggregators=5, threshold=3)
+    vals = {s: np.arange(4, dtype=np.int64) * (i + 1) for i, s in enumerate(SITES)}
+    fed.take_down(1)
+    fed.take_down(4, at="close")
+    np.testing.assert_array_equal(fed.secure_sum(vals), exact(vals))
+    fed.take_down(2, at="share")
+    with pytest.raises(sr.RoundError, match=r"aggregators \[1, 2, 4\] do not answer"):
+        fed.secure_sum(vals)
+
+
+@pytest.mark.parametrize("scheme,n", [("additive", 2), ("additive", 3), ("replicated", 3), ("plaintext", 1)])
+def test_schemes_without_spare_aggregators_refuse_a_missing_one(scheme, n):
+    fed = sr.LocalFederation(SITES, scheme=scheme, n_aggregators=n)
+    fed.take_down(n - 1, at="close")
+    with pytest.raises(sr.RoundError, match=f"the {scheme} scheme needs {n} of its {n}"):
+        fed.secure_sum(values())
+    fed.bring_up(n - 1)
+    np.testing.assert_allclose(fed.secure_sum(values()), exact(values()), atol=1e-8)
+
+
+@pytest.mark.parametrize("cheat", [0, 1, 2])
+def test_a_tampering_replicated_aggregator_raises_tamper_error_naming_it(cheat):
+    fed = sr.LocalFederation(SITES, scheme="replicated")
+    fed.tamper(cheat, lambda v: v + np.uint64(1 << 20))  # an offset on its whole sum, as in the issue
+    with pytest.raises(sr.TamperError, match=f"aggregator {cheat} altered its sums") as info:
+        fed.secure_sum(values())
+    assert info.value.suspects == (cheat,)
+    fed.honest(cheat)
+    np.testing.assert_allclose(fed.secure_sum(values()), exact(values()), atol=1e-8)
+
+
+def test_a_tampering_shamir_aggregator_is_caught_with_spare_aggregators_but_not_at_the_threshold():
+    fed = sr.LocalFederation(SITES, scheme="shamir", n_aggregators=5, threshold=3)
+    fed.tamper(2)
+    with pytest.raises(sr.TamperError, match="aggregator 2 returned a sum inconsistent") as info:
+        fed.secure_sum(values())
+    assert info.value.suspects == (2,)
+    fed.tamper(2, lambda v: field.mul_scalar(v, 3))
+    fed.take_down(0)
+    fed.take_down(1)  # exactly t answer, the liar among them: the documented blind spot
+    assert any("exactly threshold answering" in note for note in fed.scheme.threat_model.notes)
+    got = fed.secure_sum(values())
+    assert not np.allclose(got, exact(values()), atol=1e-6)
+
+
+def test_an_additive_aggregator_can_cheat_undetected_as_its_threat_model_says():
+    fed = sr.LocalFederation(SITES)
+    assert fed.scheme.threat_model.malicious["aggregator alters its aggregate share"] == "undetected"
+    fed.tamper(0, lambda v: v + np.uint64(1 << 32))
+    np.testing.assert_allclose(fed.secure_sum(values()), exact(values()) + 1.0, atol=1e-8)
+
+
+@pytest.mark.parametrize("kw", [dict(scheme="shamir", n_aggregators=4, threshold=2), dict(scheme="replicated")])
+def test_wire_encoding_and_full_transcripts_work_for_every_scheme(kw):
+    fed = sr.LocalFederation(SITES, wire=True, transcripts=True, **kw)
+    vals = values()
+    np.testing.assert_allclose(fed.secure_sum(vals), exact(vals), atol=1e-8)
+    assert fed.transcript("aggregator-0").kinds() >= {"Query", "InputShare", "StatusRequest", "CloseRound"}
+
+
+def _asah_study(dp=None, **kw):
+    asah = load_asah()
+    y = (asah["outcome"] == "Poor").astype(int)
+    s = asah["s100b"] / asah["s100b"].max()
+    parts = np.array_split(np.arange(y.size), 3)
+    policy = sr.Policy(privacy_level=5, allow_non_private=True, dp=dp,
+                       roles={"label": ["y"], "score": ["score"], "covariate": ["score"]})
+    return sr.Study.local({f"h{i}": {"y": y[p], "score": s[p]} for i, p in enumerate(parts)}, policy=policy, **kw)
+
+
+@pytest.mark.filterwarnings("ignore:NON-PRIVATE")
+def test_the_statistics_are_the_same_under_every_scheme_in_non_private_mode():
+    def run(study):
+        r = sr.roc_glm(study, label="y", score="score", epsilon=None)
+        b = sr.brier_score(study, label="y", score="score")
+        c = sr.calibration_curve(study, label="y", score="score")
+        g = sr.fit_glm(study, y="y", X="score", family="logit")
+        return np.r_[r.auc, r.ci, r.params, float(b), np.nan_to_num(c.observed, nan=-1), g.coef, g.se]
+
+    reference = run(_asah_study())
+    for kw in [dict(scheme="shamir", n_aggregators=5, threshold=3), dict(scheme="shamir", n_aggregators=3),
+               dict(scheme="replicated"), dict(scheme="plaintext"), dict(scheme="additive", n_aggregators=4)]:
+        np.testing.assert_allclose(run(_asah_study(**kw)), reference, rtol=0, atol=1e-9, err_msg=str(kw))
+
+
+def test_dp_releases_forwarded_unsummed_work_and_catch_tampering_under_replicated_sharing():
+    study = _asah_study(scheme="replicated", seed=3, dp=sr.DPPolicy(epsilon=0.5, delta=0.4, l2_sensitivity=0.02,
+                                                                    budget_epsilon=5, budget_delta=0.9))
+    r = sr.roc_glm(study, label="y", score="score")
+    assert 0.5 < r.auc < 1 and r.mode == "dp"
+    study.federation.tamper(1)
+    with pytest.raises(sr.TamperError):
+        sr.roc_glm(study, label="y", score="score", epsilon=0.4, delta=0.3)
