@@ -94,18 +94,11 @@ def proportional_sizes(total: int, weights=PAPER_SITE_SIZES) -> list[int]:
     return sizes.tolist()
 
 
-def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str, Any]:
-    """Run the use case; write ``report.txt``, ``report.json``, ``roc.png`` and ``calibration.png`` into `outdir`.
-
-    The plots need the [plot] extra (matplotlib); without it the report says so
-    in ``notes`` and the rest is written all the same.
-
-    `deployed` runs the validation against aggregator and site processes on
-    loopback (their keys, data files and databases in a temporary folder).
-    Returns the report as a dict; its ``"text"`` entry is the printable report.
-    """
-    outdir = Path(outdir)
-    outdir.mkdir(parents=True, exist_ok=True)
+def use_case_sites(seed: int = 0) -> tuple[dict[str, dict[str, np.ndarray]], Any, np.ndarray, np.ndarray,
+                                           dict[str, Any]]:
+    """The use case's five validation sites (label y, model score, covariates X), the model, the pooled
+    validation labels and scores, and the split's details. The model is a logistic regression fitted by the
+    distributed GLM on two training sites from 60% of the patients; the rest go to the validation sites."""
     rng = np.random.default_rng(seed)
     X, y, dropped = gbsg2_two_year()
     order = rng.permutation(y.size)
@@ -133,6 +126,24 @@ def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str,
         f"site{k + 1}": {"y": y[test][bounds[k] : bounds[k + 1]], "score": score[bounds[k] : bounds[k + 1]], "X": X[test][bounds[k] : bounds[k + 1]]}
         for k in range(len(sizes))
     }
+    info = {"n_train": n_train, "test": test, "sizes": sizes, "y": y, "dropped": dropped}
+    return sites, model, y[test], score, info
+
+
+def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str, Any]:
+    """Run the use case; write ``report.txt``, ``report.json``, ``roc.png`` and ``calibration.png`` into `outdir`.
+
+    The plots need the [plot] extra (matplotlib); without it the report says so
+    in ``notes`` and the rest is written all the same.
+
+    `deployed` runs the validation against aggregator and site processes on
+    loopback (their keys, data files and databases in a temporary folder).
+    Returns the report as a dict; its ``"text"`` entry is the printable report.
+    """
+    outdir = Path(outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    sites, model, y_test, score, info = use_case_sites(seed)
+    n_train, test, sizes, y, dropped = info["n_train"], info["test"], info["sizes"], info["y"], info["dropped"]
     started = time.perf_counter()
     if deployed:
         from .deploy.local_cluster import LocalCluster
@@ -154,7 +165,6 @@ def run_demo(outdir: Path, seed: int = 0, *, deployed: bool = True) -> dict[str,
     eps, delta = roc.privacy["epsilon"], roc.privacy["delta"]  # what roc_glm chose from the sensitivity
     test_h0 = roc.test(A0)
 
-    y_test = y[test]
     ref_roc = pooled.roc_glm(y_test, score)
     ref_lo, ref_auc, ref_hi = pooled.delong_ci(y_test, score)
     ref_logit = pooled.delong_ci_logit(y_test, score)

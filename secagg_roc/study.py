@@ -145,6 +145,7 @@ class LocalStudy(Study):
         frac_bits: int = 32,
         study_id: str = "local-study",
         transcripts: bool | str = "light",
+        wire: bool = False,
     ):
         from .federation import LocalFederation
 
@@ -164,6 +165,7 @@ class LocalStudy(Study):
             frac_bits=frac_bits,
             study_id=study_id,
             transcripts=transcripts,
+            wire=wire,
         )
         self.trusted_host = not self.federation.scheme.private
         self.site_objects = {
