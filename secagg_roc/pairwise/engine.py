@@ -241,6 +241,31 @@ class PairwiseServer:
         self.live[phase] = live
         self.phase = PHASES[PHASES.index(phase) + 1] if phase != UNMASKING else _DONE
 
+    def _advance_to(self, phase: str) -> None:
+        """Close every phase before `phase` that is still open (sites that did not reach it have dropped)."""
+        order = PHASES + (_DONE,)
+        while order.index(self.phase) < order.index(phase):
+            if self.phase == ADVERTISE_KEYS:
+                self._close(ADVERTISE_KEYS, self._keys)
+            elif self.phase == SHARE_KEYS:
+                self._close(SHARE_KEYS, self._routed)
+                for batch in self._routed.values():
+                    for e in batch:
+                        self._inbox.setdefault(e.receiver, []).append(e)
+            elif self.phase == MASKED_INPUT:
+                survivors = frozenset(self._masked)
+                self._check_live(MASKED_INPUT, survivors)
+                dropped = self.live[SHARE_KEYS] - survivors
+                for v in sorted(dropped):
+                    n = len(self.graph[v] & survivors)
+                    if 0 < n < self.threshold:  # its masks are in some y but too few could rebuild its key
+                        raise TooFewSurvivors(MASKED_INPUT, n, self.threshold,
+                                              f"the neighbourhood of dropped site {v}")
+                self._close(MASKED_INPUT, survivors)
+                self._request = UnmaskRequest(self.round_id, survivors, dropped)
+            else:
+                raise RoundError(f"phase {phase} cannot be reached from {self.phase}")
+
     def _known(self, site: int, phase: str, what: str) -> None:
         if site not in self.live[phase]:
             raise RoundError(f"{what}: site {site} did not take part in {phase}")
@@ -261,8 +286,7 @@ class PairwiseServer:
 
     def keys_for(self, site: int) -> NeighbourKeys:
         """Run by the server: the advertised keys of `site`'s neighbours (closes AdvertiseKeys)."""
-        if self.phase == ADVERTISE_KEYS:
-            self._close(ADVERTISE_KEYS, self._keys)
+        self._advance_to(SHARE_KEYS)
         self._known(site, ADVERTISE_KEYS, "keys_for")
         nbrs = sorted(self.graph[site] & self.live[ADVERTISE_KEYS])
         return NeighbourKeys(self.round_id, site, tuple(self._keys[v] for v in nbrs))
@@ -288,11 +312,7 @@ class PairwiseServer:
 
     def shares_for(self, site: int) -> list[EncryptedShare]:
         """Run by the server: the ciphertexts addressed to `site` (closes ShareKeys)."""
-        if self.phase == SHARE_KEYS:
-            self._close(SHARE_KEYS, self._routed)
-            for batch in self._routed.values():
-                for e in batch:
-                    self._inbox.setdefault(e.receiver, []).append(e)
+        self._advance_to(MASKED_INPUT)
         self._known(site, SHARE_KEYS, "shares_for")
         return [e for e in self._inbox.get(site, []) if e.sender in self.live[SHARE_KEYS]]
 
@@ -320,16 +340,7 @@ class PairwiseServer:
 
     def unmask_request(self) -> UnmaskRequest:
         """Run by the server: name survivors (sent y) and dropouts (shared keys, sent no y); closes MaskedInput."""
-        if self.phase == MASKED_INPUT:
-            survivors = frozenset(self._masked)
-            self._check_live(MASKED_INPUT, survivors)
-            dropped = self.live[SHARE_KEYS] - survivors
-            for v in sorted(dropped):
-                n = len(self.graph[v] & survivors)
-                if 0 < n < self.threshold:  # its masks are in some y but too few could rebuild its key
-                    raise TooFewSurvivors(MASKED_INPUT, n, self.threshold, f"the neighbourhood of dropped site {v}")
-            self._close(MASKED_INPUT, survivors)
-            self._request = UnmaskRequest(self.round_id, survivors, dropped)
+        self._advance_to(UNMASKING)
         if self._request is None:
             raise RoundError(f"unmask_request refused: the round is in phase {self.phase}")
         return self._request
