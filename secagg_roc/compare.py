@@ -43,7 +43,8 @@ class SchemeSetup:
 
     @classmethod
     def parse(cls, text: str) -> "SchemeSetup":
-        """"additive", "additive:3", "shamir:5:3" (n aggregators, threshold), "replicated", "plaintext"."""
+        """"additive", "additive:3", "shamir:5:3" (n aggregators, threshold), "replicated", "plaintext",
+        "pairwise", "pairwise:1:3" (one server, a threshold of 3 sites)."""
         name, *numbers = text.strip().split(":")
         try:
             values = [int(v) for v in numbers]
@@ -63,11 +64,13 @@ class SchemeSetup:
         s = self.build()
         if s.name == "shamir":
             return f"shamir {s.threshold}-of-{s.n_aggregators}"
+        if s.name == "pairwise":
+            return "pairwise" + ("" if s.site_threshold is None else f" t={s.site_threshold}")
         return s.name if s.name in ("plaintext", "replicated") else f"{s.name} {s.n_aggregators}-of-{s.n_aggregators}"
 
 
 DEFAULT_SCHEMES = (SchemeSetup("plaintext"), SchemeSetup("additive", 2), SchemeSetup("shamir", 3, 2),
-                   SchemeSetup("replicated"))
+                   SchemeSetup("replicated"), SchemeSetup("pairwise"))
 
 
 @dataclass

@@ -32,7 +32,7 @@ def add_compare_parser(subparsers: Any) -> None:
     p.add_argument("--label", default="y", help="CSV: the 0/1 label column (default: %(default)s)")
     p.add_argument("--score", default="score", help="CSV: the score column, in [0, 1] (default: %(default)s)")
     p.add_argument("--site", default="site", help="CSV: the column naming each record's site (default: %(default)s)")
-    p.add_argument("--schemes", default="plaintext,additive:2,shamir:3:2,replicated",
+    p.add_argument("--schemes", default="plaintext,additive:2,shamir:3:2,replicated,pairwise",
                    help="comma-separated NAME[:AGGREGATORS[:THRESHOLD]] (default: %(default)s)")
     p.add_argument("--privacy", default="exact,dp", help="privacy models: exact, dp (default: %(default)s)")
     p.add_argument("--out", default=None, metavar="DIR",

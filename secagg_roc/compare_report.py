@@ -28,7 +28,7 @@ def to_markdown(c: "Comparison") -> str:
         f"{ref['auc']:.4f} ({ref['ci'][0]:.4f}, {ref['ci'][1]:.4f}), Brier {ref['brier']:.4f}.",
         "",
         "| scheme | privacy | AUC | CI | Brier | \\|ΔAUC\\| | \\|ΔCI\\| | \\|ΔBrier\\| | max \\|Δcal\\| "
-        "| colluding aggregators tolerated | aggregators that may fail | altered sum | KiB sent: sites / aggregators "
+        "| coalition that learns nothing | aggregators that may fail | altered sum | KiB sent: sites / aggregators "
         "/ analyst | rounds | seconds |",
         "|" + "---|" * 15,
     ]
@@ -41,7 +41,7 @@ def to_markdown(c: "Comparison") -> str:
             f"{'-' if ci is None else f'({ci[0]:.4f}, {ci[1]:.4f})'} | {_num(res.get('brier'))} | "
             f"{_num(err.get('auc'), 2) if err.get('auc', 1) > 1e-4 else _exp(err.get('auc'))} | "
             f"{_exp(err.get('ci'))} | {_exp(err.get('brier'))} | {_exp(err.get('calibration'))} | "
-            f"{t['max_colluding_servers']} of {t['servers']} | {t['server_dropouts']} | "
+            f"{t['coalition']} | {t['server_dropouts']} | "
             f"{t['malicious'].get('aggregator alters its aggregate share', '-')} | "
             f"{_kib(sent['site'])} / {_kib(sent['aggregator'])} / {_kib(sent['analyst'])} | "
             f"{cost['rounds']} | {cost['seconds']:.2f} |"

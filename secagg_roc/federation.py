@@ -38,7 +38,9 @@ from .messages import (
 )
 from .queries import SiteData, canonical_params, query_digest
 from .queries.run import JOIN
-from .sharing import make_scheme
+from .pairwise.rounds import SITE_PHASES, PairwiseRounds
+from .queries import QUERIES
+from .sharing import PairwiseSharing, make_scheme
 from .site import Site
 from .transcript import Transcript
 
@@ -120,6 +122,10 @@ class LocalFederation:
         self._members: dict[str, tuple[str, ...]] = {}
         #: aggregator index -> the phase of each round from which it no longer answers (`take_down`).
         self._down: dict[int, str] = {}
+        #: site -> the phase of each round from which it no longer answers (`take_down`).
+        self._sites_down: dict[str, str] = {}
+        self._pairwise = (PairwiseRounds(self.sites, self.aggregators[0].name, self.scheme.threshold_for,
+                                         self.transcripts, wire) if isinstance(self.scheme, PairwiseSharing) else None)
         #: aggregator index -> how it alters every release it sends (`tamper`).
         self._tampering: dict[int, Callable[[np.ndarray], np.ndarray]] = {}
 
@@ -137,20 +143,34 @@ class LocalFederation:
             raise RuntimeError("this federation was created with transcripts=False")
         return self.transcripts[party]
 
-    def take_down(self, aggregator: int, *, at: str = "open") -> None:
-        """Make aggregator `aggregator` unreachable from phase `at` of every round on, until `bring_up`.
+    def take_down(self, party: int | str, *, at: str = "open") -> None:
+        """Make a party unreachable from phase `at` of every round on, until `bring_up`.
 
-        "open": it never hears of a round; "share": it opened the round but no share
-        reaches it; "close": it holds the shares but never answers the analyst. A scheme
-        with a threshold still releases while enough aggregators answer; otherwise the
-        round fails with a `RoundError` naming the missing aggregators."""
+        An aggregator (its index): "open" (it never hears of a round), "share" (it opened
+        the round but no share reaches it) or "close" (it holds the shares but never
+        answers the analyst). A scheme with a threshold still releases while enough
+        aggregators answer; otherwise the round fails with a `RoundError` naming them.
+        A site (its name): "open" (never asked), "keys" (it advertised its keys, then
+        left), "share" (it sends no share) or "unmask" (it left after its share); the
+        last two differ only under pairwise masking. A round then sums the sites that
+        sent a share, if the scheme and the privacy rules allow it."""
+        if isinstance(party, str):
+            if party not in self.sites:
+                raise ValueError(f"no site {party!r}; sites: {', '.join(self.sites)}")
+            if at not in SITE_PHASES:
+                raise ValueError(f"a site's at must be one of {', '.join(SITE_PHASES)}, got {at!r}")
+            self._sites_down[party] = at
+            return
         if at not in _PHASES:
-            raise ValueError(f"at must be one of {', '.join(_PHASES)}, got {at!r}")
-        self._down[self._aggregator_index(aggregator)] = at
+            raise ValueError(f"an aggregator's at must be one of {', '.join(_PHASES)}, got {at!r}")
+        self._down[self._aggregator_index(party)] = at
 
-    def bring_up(self, aggregator: int) -> None:
-        """Undo `take_down` for `aggregator`."""
-        self._down.pop(self._aggregator_index(aggregator), None)
+    def bring_up(self, party: int | str) -> None:
+        """Undo `take_down` for `party`."""
+        if isinstance(party, str):
+            self._sites_down.pop(party, None)
+        else:
+            self._down.pop(self._aggregator_index(party), None)
 
     def tamper(self, aggregator: int, alter: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
         """Make aggregator `aggregator` malicious: every release it sends has its vector replaced by
@@ -190,8 +210,12 @@ class LocalFederation:
 
         self._open(query)
         with self._abandoned_on_failure(query):
+            self._setup(query, sorted(values), self._bare_sites)
             self._collect(query, sorted(values), answer, keep_refusals=False)
-            shares = self._close(query, self._agree(query))
+            contributors = self._agree(query)
+            shares = self._close(query, contributors)
+        #: The sites the last secure sum covered (fewer than given when some dropped out).
+        self.last_contributors = contributors
         return combine(shares, self.scheme, self.buffers)["value"]
 
     def run_query(self, sites: Mapping[str, Site], name: str, params: Mapping[str, Any] | None, *,
@@ -234,6 +258,14 @@ class LocalFederation:
         finally:
             for agg in self.aggregators:
                 agg.abandon(query.round_id.number)  # only an open round is touched
+            if self._pairwise is not None:
+                self._pairwise.discard(query.round_id.number)
+
+    def _setup(self, query: Query, names: list[str], sites: Mapping[str, Site]) -> None:
+        """An interactive scheme's phases before the sites answer (pairwise masking's key agreement)."""
+        spec = QUERIES.get(query.name)
+        if self._pairwise is not None and not (spec is not None and spec.release == "dp"):
+            self._pairwise.setup(query, names, {n: sites[n].sessions for n in names}, self._sites_down)
 
     def _answer_and_release(self, query: Query, sites: Mapping[str, Site]) -> list:
         params = query.params
@@ -241,8 +273,9 @@ class LocalFederation:
         joining = query.name == JOIN
         # A run's later rounds reach its contributors only (a deployment's feeds do the same).
         members = self._members.get(run) if run is not None and not joining else None
-        refusals = self._collect(query, sorted(sites) if members is None else list(members),
-                                 lambda name: sites[name].answer(query))
+        names = sorted(sites) if members is None else list(members)
+        self._setup(query, names, sites)
+        refusals = self._collect(query, names, lambda name: sites[name].answer(query))
         contributors = self._agree(query)
         if refusals and (not joining or not contributors):
             raise next(iter(refusals.values()))
@@ -289,6 +322,8 @@ class LocalFederation:
         """Deliver `query` to each site and its shares to the aggregators; a site's refusal is kept, not raised."""
         refusals: dict[str, SecAggError] = {}
         for name in names:
+            if self._sites_down.get(name, "unmask") != "unmask":
+                continue  # it left before sending its share
             self._deliver(ANALYST, name, query)
             try:
                 shares = answer(name)
@@ -304,6 +339,8 @@ class LocalFederation:
                 agg = self.aggregators[share.aggregator]
                 ack = self._deliver(name, agg.name, share, handler=agg)
                 self._deliver(agg.name, name, ack)
+                if self._pairwise is not None and share.vector is not None and not share.encoding.raw:
+                    self._pairwise.masked(query, name, share.vector)
         return refusals
 
     def _agree(self, query: Query) -> tuple[str, ...]:
@@ -312,7 +349,13 @@ class LocalFederation:
         return agree_contributors([self._exchange(agg, StatusRequest(query.round_id)) for agg in answering])
 
     def _close(self, query: Query, contributors: tuple[str, ...]) -> list:
-        return [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self._reachable("close")]
+        shares = [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self._reachable("close")]
+        if self._pairwise is not None and isinstance(shares[0], AggregateShare):
+            # Run by the server before its release leaves: remove the masks that did not cancel.
+            released = self._pairwise.unmask(query, contributors, shares[0], self._sites_down)
+            alter = self._tampering.get(0)
+            shares = [released if alter is None else _altered(released, alter)]
+        return shares
 
     def _exchange(self, agg: Aggregator, message: Message) -> Any:
         """Analyst -> aggregator request, and its reply back to the analyst (altered if the aggregator cheats)."""

@@ -93,6 +93,8 @@ class Site:
         self.answered: OrderedDict[int, Answered] = OrderedDict()
         # The aggregator that gets the full correction vector rotates over sites.
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
+        #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
+        self.sessions: dict[int, object] = {}
 
     @property
     def data_digest(self) -> str:
@@ -281,7 +283,9 @@ class Site:
         encoding = codec.encoding_for(flat)
         try:
             out = None if self.buffers is None else self.buffers.take(flat.size)
-            payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds)
+            session = self.sessions.pop(query.round_id.number, None)
+            payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds,
+                                         **({} if session is None else {"session": session}))
         except EncodingError as exc:
             # The text travels to the analyst: it names the problem, never the site's value.
             raise EncodingError(f"site {self.name!r}, query {query.name!r}: {exc.public}") from None

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import secagg_roc as sr
+import secagg_roc.pairwise
 import secagg_roc.sharing  # noqa: F401
 from secagg_roc.messages import Message
 
@@ -45,14 +46,15 @@ def test_spec_is_well_formed(name):
     assert {"protocol", "parties", "messages", "assumptions", "failures"} <= set(spec)
     assert {p["role"] for p in spec["parties"]} == {"site", "aggregator", "analyst"}
     assert all(p["learns"] for p in spec["parties"])
-    kinds = {cls.__name__ for cls in Message.registry.values()}
+    kinds = {cls.__name__ for cls in Message.registry.values()} | secagg_roc.pairwise.KINDS
     for m in spec["messages"]:
         assert m["kind"] in kinds, m
         assert m["sender"] in {"site", "aggregator", "analyst"} and m["receiver"] in {"site", "aggregator", "analyst"}
 
 
 @pytest.mark.parametrize("name, scheme, n", [("additive-secure-sum", "additive", 3), ("plaintext-baseline", "plaintext", 1),
-                                             ("shamir-secure-sum", "shamir", 4), ("replicated-secure-sum", "replicated", 3)])
+                                             ("shamir-secure-sum", "shamir", 4), ("replicated-secure-sum", "replicated", 3),
+                                             ("pairwise-masking", "pairwise", 1)])
 def test_parties_receive_only_what_the_spec_lists(name, scheme, n):
     spec = load(name)
     assert spec["protocol"]["scheme"] == scheme
@@ -67,12 +69,12 @@ def test_parties_receive_only_what_the_spec_lists(name, scheme, n):
     assert not unlisted, f"{name}: parties received messages the spec does not list: {sorted(unlisted)}"
 
 
-@pytest.mark.parametrize("name", ["shamir-secure-sum", "replicated-secure-sum"])
+@pytest.mark.parametrize("name", ["shamir-secure-sum", "replicated-secure-sum", "pairwise-masking"])
 def test_spec_threat_model_matches_the_scheme(name):
     """The words in `[threat_model]` state what the scheme's `ThreatModel` says (for n=5, t=3 and n=3)."""
     spec = load(name)["threat_model"]
-    scheme = sr.sharing.make_scheme(spec["scheme"], 5 if spec["scheme"] == "shamir" else 3,
-                                    **({"threshold": 3} if spec["scheme"] == "shamir" else {}))
+    n = {"shamir": 5, "replicated": 3, "pairwise": 1}[spec["scheme"]]
+    scheme = sr.sharing.make_scheme(spec["scheme"], n, **({"threshold": 3} if spec["scheme"] == "shamir" else {}))
     tm = scheme.threat_model
     n, t = scheme.n_aggregators, scheme.threshold
     assert eval(spec["max_colluding_servers"], {"n": n, "t": t}) == tm.max_colluding_servers

@@ -6,6 +6,8 @@ redundant scheme turns an altered sum into `TamperError`, never a wrong total;
 and the round state machine keeps its release rules under each scheme.
 """
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -113,7 +115,7 @@ def test_shamir_payload_check_refuses_non_field_elements():
                          ids=["additive", "shamir-4-2", "shamir-3-3", "replicated", "plaintext"])
 def test_round_state_machine_under_every_scheme(make):
     machine = kit.round_machine(make)
-    machine.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+    machine.TestCase.settings = settings(max_examples=int(os.environ.get("KIT_EXAMPLES", 25)), stateful_step_count=15, deadline=None)
     machine.TestCase().runTest()
 
 

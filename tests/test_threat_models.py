@@ -125,7 +125,8 @@ def test_the_statistics_are_the_same_under_every_scheme_in_non_private_mode():
 
     reference = run(_asah_study())
     for kw in [dict(scheme="shamir", n_aggregators=5, threshold=3), dict(scheme="shamir", n_aggregators=3),
-               dict(scheme="replicated"), dict(scheme="plaintext"), dict(scheme="additive", n_aggregators=4)]:
+               dict(scheme="replicated"), dict(scheme="plaintext"), dict(scheme="additive", n_aggregators=4),
+               dict(scheme="pairwise"), dict(scheme="pairwise", threshold=2)]:
         np.testing.assert_allclose(run(_asah_study(**kw)), reference, rtol=0, atol=1e-9, err_msg=str(kw))
 
 
@@ -137,3 +138,55 @@ def test_dp_releases_forwarded_unsummed_work_and_catch_tampering_under_replicate
     study.federation.tamper(1)
     with pytest.raises(sr.TamperError):
         sr.roc_glm(study, label="y", score="score", epsilon=0.4, delta=0.3)
+
+
+PHASES = ["open", "keys", "share", "unmask"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 8), st.data())
+def test_pairwise_gives_the_survivors_exact_total_or_a_clear_error(k, data):
+    sites = [f"p{i}" for i in range(k)]
+    t = data.draw(st.integers(2, k))
+    fed = sr.LocalFederation(sites, scheme="pairwise", threshold=t, min_sites=1)
+    vals = {s: np.arange(3, dtype=np.int64) * (i + 1) - 7 * i for i, s in enumerate(sites)}
+    down = data.draw(st.dictionaries(st.sampled_from(sites), st.sampled_from(PHASES)))
+    for site, phase in down.items():
+        fed.take_down(site, at=phase)
+    sent = [s for s in sites if down.get(s, "unmask") == "unmask"]
+    try:
+        got = fed.secure_sum(vals)
+    except (sr.RoundError, sr.PrivacyError) as exc:  # TooFewSurvivors names the phase and the threshold
+        assert f"threshold {t}" in str(exc) or "fewer than min_sites" in str(exc), exc
+        assert len(sent) < t or isinstance(exc, sr.RoundError)
+        return
+    np.testing.assert_array_equal(got, sum(vals[s] for s in sent))
+    assert fed.last_contributors == tuple(sent)
+
+
+def test_hidden_check_names_pairwise_with_threshold():
+    sites = [f"p{i}" for i in range(5)]
+    vals = {s: np.full(4, i + 0.25) for i, s in enumerate(sites)}
+    fed = sr.LocalFederation(sites, scheme="pairwise", threshold=3)
+    np.testing.assert_allclose(fed.secure_sum(vals), sum(vals.values()), atol=1e-9)
+    fed.take_down("p4", at="share")          # dropped after sharing its keys: its masks are removed
+    fed.take_down("p3", at="unmask")         # sent its input, then left: still counted
+    np.testing.assert_allclose(fed.secure_sum(vals), sum(vals[s] for s in sites[:4]), atol=1e-9)
+    fed.take_down("p2", at="unmask")         # too few left to unmask (2 < 3)
+    with pytest.raises(sr.RoundError, match="below the threshold 3"):
+        fed.secure_sum(vals)
+
+
+def test_pairwise_server_sees_masked_vectors_and_the_total_only():
+    sites = [f"p{i}" for i in range(4)]
+    fed = sr.LocalFederation(sites, scheme="pairwise", transcripts=True, wire=True)
+    vals = {s: np.zeros(64, dtype=np.int64) for s in sites}
+    fed.secure_sum(vals)
+    server = fed.transcript("aggregator-0")
+    shares = [e.message for e in server if e.kind == "InputShare"]
+    assert len(shares) == 4
+    for share in shares:  # all-zero inputs, and yet every masked vector looks random
+        assert len(set(share.vector.tolist())) == 64 and share.vector.max() > 2**60
+    assert server.kinds() >= {"AdvertiseKeys", "EncryptedShare", "UnmaskResponse"}
+    assert "NeighbourKeys" in fed.transcript("p0").kinds()
+    assert fed.scheme.threat_model.site_round_trips == 4

@@ -10,7 +10,7 @@ seeds instead of N vectors.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -35,7 +35,7 @@ class AdditiveSharing(SharingScheme):
             malicious={"aggregator alters its aggregate share": "undetected",
                        "aggregator withholds its aggregate share": "blocked",
                        "site sends a malformed share": "blocked"},
-            upload_vectors_per_site=1.0,
+            upload_vectors_per_site=1.0, coalition=f"{n - 1} of {n} aggregators",
             notes=(f"a site uploads one ring vector and {n - 1} 16-byte seeds",),
         )
 
@@ -70,6 +70,7 @@ class AdditiveSharing(SharingScheme):
         holder: int = 0,
         out: np.ndarray | None = None,
         seeds: Mapping[int, bytes] | None = None,
+        session: Any = None,
     ) -> list[Payload]:
         """Run by a Site: like `split(codec.encode(x))`, but each block is masked with
         every seed's keystream right after it is encoded, while it is in cache.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -72,11 +72,13 @@ class SharingScheme(abc.ABC):
         holder: int = 0,
         out: np.ndarray | None = None,
         seeds: Mapping[int, bytes] | None = None,
+        session: Any = None,
     ) -> list[Payload]:
         """Run by a Site: encode `x` with `codec` (into `out` if given) and split it.
 
         Schemes may fuse the two steps. `seeds` re-creates an earlier split
-        exactly (only schemes with `accepts_seeds`; see `AdditiveSharing.share`)."""
+        exactly (only schemes with `accepts_seeds`; see `AdditiveSharing.share`).
+        `session` is an interactive scheme's per-round state at this site (pairwise masking)."""
         if seeds is not None:
             raise ValueError(f"sharing scheme {self.name!r} does not split with given seeds")
         return self.split(codec.encode(x, out=out), holder=holder)

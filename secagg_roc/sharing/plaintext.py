@@ -23,7 +23,7 @@ class PlaintextSharing(SharingScheme):
         return ThreatModel(
             scheme=self.name, servers=1, max_colluding_servers=0, server_dropouts=0,
             trust="NOT PRIVATE: the trusted host sees every site's input in the clear",
-            site_dropouts="before its input arrives",
+            site_dropouts="before its input arrives", coalition="none: the host sees every input",
             malicious={"aggregator alters its aggregate share": "undetected",
                        "aggregator withholds its aggregate share": "blocked",
                        "site sends a malformed share": "blocked"},

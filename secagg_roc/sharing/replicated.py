@@ -42,7 +42,7 @@ class ReplicatedSharing(SharingScheme):
             malicious={"aggregator alters its aggregate share": "detected",
                        "aggregator withholds its aggregate share": "blocked",
                        "site sends a malformed share": "blocked"},
-            upload_vectors_per_site=6.0,
+            upload_vectors_per_site=6.0, coalition="1 of 3 aggregators",
             notes=("each component is held by two aggregators; every copy must agree or TamperError names "
                    "the aggregator common to all mismatches (both holders when only one component differs)",
                    "all three aggregators must answer: a missing one blocks the round rather than "

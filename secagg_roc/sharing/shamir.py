@@ -14,7 +14,7 @@ must lie on the same polynomials: a mismatch raises `TamperError`.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class ShamirSharing(SharingScheme):
             malicious={"aggregator alters its aggregate share": "detected" if n > t else "undetected",
                        "aggregator withholds its aggregate share": "blocked" if n == t else "undetected",
                        "site sends a malformed share": "blocked"},
-            upload_vectors_per_site=2.0 * n,
+            upload_vectors_per_site=2.0 * n, coalition=f"{t - 1} of {n} aggregators",
             notes=(f"field F_p, p = 2^61 - 1; each ring element travels as two 32-bit limbs, so totals keep "
                    f"the full 64-bit fixed-point range for up to {MAX_SITES} sites",
                    "alterations are detected when more than threshold aggregators answer: with exactly "
@@ -99,7 +99,7 @@ class ShamirSharing(SharingScheme):
         return payloads
 
     def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
-              seeds: Mapping[int, bytes] | None = None) -> list[Payload]:
+              seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
         """Run by a Site: encode and split (the shares are fresh vectors; `out` only holds the encoding)."""
         if seeds is not None:
             raise ValueError("Shamir shares are polynomial evaluations, not seeds: they cannot be re-created from seeds")

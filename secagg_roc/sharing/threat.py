@@ -35,6 +35,8 @@ class ThreatModel:
     site_round_trips: int = 1
     #: Ring- or field-element vectors of the input's length that one site uploads per secure sum.
     upload_vectors_per_site: float = 1.0
+    #: The largest coalition that learns nothing about a site's input, in a few words.
+    coalition: str = ""
     #: Free-form notes (ranges, statistical distances, what the analyst sees).
     notes: tuple[str, ...] = ()
 

@@ -51,6 +51,8 @@ def round_machine(make: Callable[[], SharingScheme]) -> type[RuleBasedStateMachi
                 a.open(self.query)
             self.model: dict[str, tuple[np.ndarray, int, list[InputShare]]] = {}
             self.release: tuple[tuple[str, ...], np.ndarray] | None = None
+            #: The set the aggregators released over (even if the analyst could not combine what came back).
+            self.closed_over: tuple[str, ...] | None = None
 
         def _shares(self, site: str, value: np.ndarray, records: int) -> list[InputShare]:
             layout = (("v", (value.size,), True),)
@@ -62,11 +64,11 @@ def round_machine(make: Callable[[], SharingScheme]) -> type[RuleBasedStateMachi
               records=st.integers(0, 4))
         def submit(self, site: str, value: list[int], records: int) -> None:
             shares = self._shares(site, np.array(value, dtype=np.int64), records)
-            if site in self.model and self.release is None and all(
+            if site in self.model and self.closed_over is None and all(
                     s.seed == o.seed and np.array_equal(s.vector, o.vector) and s.records == o.records
                     for s, o in zip(shares, self.model[site][2])):
                 return  # a deterministic scheme (the plaintext baseline) made the same share again: idempotent
-            if self.release is not None or site in self.model:
+            if self.closed_over is not None or site in self.model:
                 for a, s in zip(self.aggs, shares):
                     try:
                         a.handle(s)
@@ -78,7 +80,7 @@ def round_machine(make: Callable[[], SharingScheme]) -> type[RuleBasedStateMachi
                 a.handle(s)
             self.model[site] = (np.array(value, dtype=np.int64), records, shares)
 
-        @precondition(lambda self: self.model and self.release is None)
+        @precondition(lambda self: self.model and self.closed_over is None)
         @rule(data=st.data())
         def resubmit_identical(self, data: st.DataObject) -> None:
             site = data.draw(st.sampled_from(sorted(self.model)))
@@ -113,15 +115,14 @@ def round_machine(make: Callable[[], SharingScheme]) -> type[RuleBasedStateMachi
             try:
                 replies = [a.round(self.query.round_id).close(agreed) for a in self.aggs]
             except PrivacyError:
-                assert len(agreed) < MIN_SITES or records < Q or (self.release is not None
-                                                                  and self.release[0] != agreed)
+                assert len(agreed) < MIN_SITES or records < Q or (self.closed_over not in (None, agreed))
                 return
             except RoundError:
                 assert any(s not in self.model for s in agreed)
                 return
             assert all(s in self.model for s in agreed) and len(agreed) >= MIN_SITES and records >= Q
-            if self.release is not None:
-                assert self.release[0] == agreed
+            assert self.closed_over in (None, agreed)  # never a second, different release
+            self.closed_over = agreed
             shares = [r for r in replies if r.aggregator in answering]
             detects = self.scheme.threat_model.malicious.get("aggregator alters its aggregate share") == "detected"
             cheating = cheat is not None and detects and len(shares) == len(self.aggs) and cheat < len(self.aggs)
@@ -139,7 +140,7 @@ def round_machine(make: Callable[[], SharingScheme]) -> type[RuleBasedStateMachi
                 assert len(shares) < self.scheme.threshold
                 return
             assert not cheating, "an altered sum was combined without TamperError"
-            np.testing.assert_array_equal(total, expect)
+            np.testing.assert_array_equal(total, expect)  # and every combination of the same release agrees
             self.release = (agreed, total)
 
         @invariant()
@@ -148,8 +149,7 @@ def round_machine(make: Callable[[], SharingScheme]) -> type[RuleBasedStateMachi
             assert len(states) == 1
             for a in self.aggs:
                 assert set(a.round(self.query.round_id).accepted) == set(self.model)
-            if self.release is not None:
-                assert states == {RoundState.RELEASED}
+            assert (self.closed_over is not None) == (states == {RoundState.RELEASED})
 
     SchemeRoundMachine.__name__ = f"RoundMachine_{make().name}"
     return SchemeRoundMachine

@@ -1,0 +1,89 @@
+"""Pairwise masking with one server (Bonawitz et al. 2017; SecAgg+), as a sharing scheme.
+
+The scheme is interactive: before a site can mask its input, the sites of the
+round agree pairwise keys and Shamir-share their self-mask seeds and mask keys
+among their neighbours, all relayed by the server (`secagg_roc.pairwise`,
+driven round by round by `pairwise.rounds.PairwiseRounds`). A Site's share is
+then its encoded output plus masks that cancel in the sum (`session.mask`);
+the server adds the masked vectors of the survivors and removes what is left
+of the masks from the seeds and keys the survivors reveal. Its one aggregate
+is the total itself, so the analyst combines a single vector.
+
+Per-site (DP) releases are not summed, so masks cannot cancel: they pass the
+server unmasked. The server thus sees each site's DP release, the same values
+the analyst receives -- stated in the threat model.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..ring import FixedPoint, RawFloat
+from .base import Payload, SharingScheme
+from .threat import ThreatModel
+
+
+class PairwiseSharing(SharingScheme):
+    name = "pairwise"
+    private = True
+
+    def __init__(self, n_aggregators: int = 1, threshold: int | None = None):
+        super().__init__(n_aggregators)
+        #: Shamir threshold among each site's neighbourhood (None: a majority of the round's sites).
+        self.site_threshold = None if threshold is None else int(threshold)
+        if self.site_threshold is not None and self.site_threshold < 2:
+            raise ValueError(f"a pairwise-masking threshold must be at least 2 sites, got {threshold}")
+
+    @classmethod
+    def check_n(cls, n_aggregators: int) -> int:
+        if int(n_aggregators) != 1:
+            raise ValueError("pairwise masking runs with one server (n_aggregators=1)")
+        return 1
+
+    def threshold_for(self, k: int) -> int:
+        """The threshold a round of `k` sites uses: the one given, or a majority (so a server that lies about
+        dropouts cannot gather both masks of a site from the honest ones)."""
+        t = self.site_threshold if self.site_threshold is not None else k // 2 + 1
+        return max(2, t)
+
+    @property
+    def threat_model(self) -> ThreatModel:
+        t = "t" if self.site_threshold is None else str(self.site_threshold)
+        return ThreatModel(
+            scheme=self.name, servers=1, max_colluding_servers=1, server_dropouts=0,
+            trust=f"the server, even with up to {t}-1 colluding sites, learns only the survivors' total",
+            site_dropouts=f"any, at any phase, while every live site keeps {t} live sites in its neighbourhood",
+            malicious={"aggregator alters its aggregate share": "undetected",
+                       "aggregator withholds its aggregate share": "blocked",
+                       "server claims a surviving site dropped": "blocked",
+                       "site sends a malformed share": "blocked"},
+            site_round_trips=4, upload_vectors_per_site=1.0, coalition=f"the server + {t}-1 sites",
+            notes=("default threshold t: a majority of the round's sites",
+                   "a site never reveals both the self-mask seed and the mask key of one site",
+                   "per-site (DP) releases pass the server unmasked: it sees the same DP values as the analyst",
+                   "sites stay outbound-only: the server relays keys and AES-GCM-encrypted shares"),
+        )
+
+    def share(self, x: np.ndarray, codec: FixedPoint | RawFloat, *, holder: int = 0, out: np.ndarray | None = None,
+              seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
+        """Run by a Site: its encoded output masked by this round's `session` (a `PairwiseClient`)."""
+        if seeds is not None:
+            raise ValueError("pairwise masks come from the round's key agreement, not from given seeds")
+        encoded = codec.encode(x, out=out).reshape(-1)
+        if isinstance(codec, RawFloat):
+            return [Payload(vector=np.array(encoded, dtype=np.uint64))]  # a per-site release: never summed
+        if session is None:
+            raise ValueError("a pairwise-masked share needs the round's key agreement first (no session given)")
+        return [Payload(vector=session.mask(encoded).y)]
+
+    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
+        raise ValueError("pairwise masking is interactive: use share() with the round's session")
+
+    def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
+        """Run by the server: masked vectors add mod 2^64 (the masks cancel only over the survivors)."""
+        np.add(acc, payload.vector, out=acc)
+
+    def materialize(self, out: np.ndarray, payload: Payload) -> None:
+        np.copyto(out, payload.vector)
