@@ -100,6 +100,7 @@ class LocalFederation:
         # Without full transcripts or wire copies, no one keeps a share vector after its
         # round, so vectors are recycled instead of faulting in fresh memory each round.
         self.buffers = BufferPool() if not (transcripts is True or wire) else None
+        self.scheme.buffers = self.buffers
         self.aggregators = [
             # retain_released=1: the in-process analyst never asks for a release again.
             Aggregator(

@@ -22,19 +22,31 @@ _29 = np.uint64(29)
 _M29 = np.uint64((1 << 29) - 1)
 
 
-def _fold(v: np.ndarray) -> np.ndarray:
+def _reduce_once(v: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
+    """v (< 2p) reduced to [0, p), in place, without a mask: for v < p, v - p wraps above v.
+
+    `scratch` (same shape, uint64) spares a temporary: fresh large arrays cost a page fault per page."""
+    return np.minimum(v, np.subtract(v, _P, out=scratch), out=v)
+
+
+def _fold(v: np.ndarray, scratch: np.ndarray | None = None) -> np.ndarray:
     """v (< 2^64) reduced to [0, p), in place: 2^61 = 1 (mod p), so v = (v mod 2^61) + (v >> 61)."""
-    hi = v >> _61
+    hi = np.right_shift(v, _61, out=scratch)
     np.bitwise_and(v, _P, out=v)
     np.add(v, hi, out=v)
-    np.subtract(v, _P, out=v, where=v >= _P)
-    return v
+    return _reduce_once(v, hi)
 
 
-def add(acc: np.ndarray, v: np.ndarray) -> None:
+def add(acc: np.ndarray, v: np.ndarray, scratch: np.ndarray | None = None) -> None:
     """acc += v (mod p), in place; both in [0, p)."""
     np.add(acc, v, out=acc)  # < 2^62: no wrap
-    np.subtract(acc, _P, out=acc, where=acc >= _P)
+    _reduce_once(acc, scratch)
+
+
+def mul_small_into(acc: np.ndarray, c: int, scratch: np.ndarray | None = None) -> None:
+    """acc *= c (mod p), in place, for 0 <= c < 8 (Horner's rule at a small evaluation point)."""
+    np.multiply(acc, np.uint64(c), out=acc)  # < 2^64
+    _fold(acc, scratch)
 
 
 def mul_scalar(a: np.ndarray, c: int) -> np.ndarray:

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..buffers import BufferPool
 from ..ring import FixedPoint
 from .threat import ThreatModel
 
@@ -45,6 +46,9 @@ class SharingScheme(abc.ABC):
         self.n_aggregators = self.check_n(n_aggregators)
         #: How many aggregators' sums the analyst needs (all of them, unless the scheme has a threshold).
         self.threshold = self.n_aggregators
+        #: Recycled vectors for payloads (`buffers.BufferPool`), set only by a federation in which nobody keeps
+        #: a payload after its round; None allocates fresh ones.
+        self.buffers: BufferPool | None = None
 
     @property
     @abc.abstractmethod

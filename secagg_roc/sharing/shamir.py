@@ -82,21 +82,32 @@ class ShamirSharing(SharingScheme):
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
         """Run by a Site: n shares of the limbs of `encoded` (`holder` plays no part: every share is alike)."""
         ring = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
-        limbs = np.concatenate([ring & _LOW, ring >> _32])
-        coefficients = [field.random_elements(limbs.size) for _ in range(self.threshold - 1)]
+        n = 2 * ring.size
+        limbs, scratch = self._take(n), self._take(n)
+        np.bitwise_and(ring, _LOW, out=limbs[: ring.size])
+        np.right_shift(ring, _32, out=limbs[ring.size:])
+        coefficients = [field.random_elements(n) for _ in range(self.threshold - 1)]
+        small = self.n_aggregators < 8  # evaluation points below 8: in-place multiplies, no temporaries
         payloads = []
         for j in range(self.n_aggregators):
             x = j + 1
-            acc = coefficients[-1].copy() if coefficients else limbs.copy()
+            acc = self._take(n)
+            np.copyto(acc, coefficients[-1] if coefficients else limbs)
             # Horner's rule: ((a_{t-1} x + a_{t-2}) x + ... + a_1) x + limbs.
-            for a in reversed(coefficients[:-1]):
-                acc = field.mul_scalar(acc, x)
-                field.add(acc, a)
-            if coefficients:
-                acc = field.mul_scalar(acc, x)
-                field.add(acc, limbs)
+            for a in [*reversed(coefficients[:-1]), limbs] if coefficients else []:
+                if small:
+                    field.mul_small_into(acc, x, scratch)
+                else:
+                    acc = field.mul_scalar(acc, x)
+                field.add(acc, a, scratch)
             payloads.append(Payload(vector=acc))
+        if self.buffers is not None:
+            for spare in (limbs, scratch, *coefficients):
+                self.buffers.give(spare)
         return payloads
+
+    def _take(self, n: int) -> np.ndarray:
+        return np.empty(n, dtype=np.uint64) if self.buffers is None else self.buffers.take(n)
 
     def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
               seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
