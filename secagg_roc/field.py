@@ -74,10 +74,10 @@ def mul_scalar(a: np.ndarray, c: int) -> np.ndarray:
     return _fold(lo_folded)                        # the sum stayed below 2^63
 
 
-def random_elements(n: int) -> np.ndarray:
-    """n field elements from a fresh OS seed's AES-CTR keystream (statistical distance <= n * 2^-61 from uniform:
-    the 61 low bits are uniform and only the pattern p itself is folded onto 0)."""
-    v = prg.expand(prg.new_seed(), n)
+def random_elements(n: int, seed: bytes | None = None) -> np.ndarray:
+    """n field elements from the AES-CTR keystream of `seed` (a fresh OS seed unless given; statistical
+    distance <= n * 2^-61 from uniform: the 61 low bits are uniform and only the pattern p folds onto 0)."""
+    v = prg.expand(prg.new_seed() if seed is None else seed, n)
     np.bitwise_and(v, _P, out=v)
     v[v == _P] = 0
     return v

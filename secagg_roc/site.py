@@ -48,8 +48,8 @@ from .sharing import SharingScheme
 #: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
 MAX_PENDING_ROUNDS = 1024
 
-#: Persist ledger entries (and whatever else a deployment logs) before shares are sent.
-Persist = Callable[[list[LedgerEntry], list[InputShare]], None]
+#: Persist ledger entries and the split's seeds (and whatever else a deployment logs) before shares are sent.
+Persist = Callable[[list[LedgerEntry], list[InputShare], Mapping[int, bytes]], None]
 
 
 @dataclass(frozen=True)
@@ -119,12 +119,16 @@ class Site:
 
         Raises `PolicyError` (naming the rule) for anything outside the policy,
         the plan or the ledger. `seeds` re-creates a split the site made before
-        (see `share`); `persist(entries, shares)` must make the ledger entries
+        (see `share`); `persist(entries, shares, seeds)` must make the ledger entries
         durable before the shares are sent. With `replay` (a restarted agent
         re-creating shares it sent before) a per-site release must come from
-        the ledger: new noise is never drawn.
+        the ledger: new noise is never drawn. With `persist` and no `seeds`, the
+        split's seeds are drawn here (`SharingScheme.fresh_seeds`) and handed to
+        `persist` with the shares, so that they can be logged.
         """
         self.check_query(query)
+        if persist is not None and seeds is None:
+            seeds = self.scheme.fresh_seeds(self.holder)
         params = query.params
         run, number = params.get("run"), params.get("step")
         again = self.answered.get(query.round_id.number)
@@ -153,7 +157,7 @@ class Site:
             else:
                 shares, entries = self._exact(query, info, number, step, seeds, replay)
         if persist is not None:
-            persist(entries, shares)
+            persist(entries, shares, seeds or {})
         for entry in entries:
             self.ledger.apply(entry)
         if joined is not None:  # only once the answer is durable: a failed persist leaves no trace

@@ -474,8 +474,15 @@ def test_additive_split_with_given_seeds_is_reproducible_and_checked() -> None:
         scheme.share(x, codec, holder=1, seeds={0: first[0].seed})
     with pytest.raises(ValueError, match="16 bytes"):
         scheme.share(x, codec, holder=1, seeds={0: b"short", 2: first[2].seed})
-    with pytest.raises(ValueError, match="does not split with given seeds"):
-        make_scheme("plaintext", 1).share(x, codec, seeds={})
+    with pytest.raises(ValueError, match="no randomness to re-create"):
+        make_scheme("plaintext", 1).share(x, codec, seeds={0: first[0].seed})
+    # Shamir and replicated splits are re-created from the seeds of their randomness too.
+    for name, n in (("shamir", 3), ("replicated", 3)):
+        other = make_scheme(name, n)
+        seeds = other.fresh_seeds()
+        a, b = other.share(x, codec, seeds=seeds), other.share(x, codec, seeds=seeds)
+        assert all(np.array_equal(p.vector, q.vector) for p, q in zip(a, b))
+        assert not np.array_equal(other.share(x, codec)[0].vector, a[0].vector)
 
 
 @pytest.fixture()

@@ -55,7 +55,6 @@ from ..messages import (
     decode,
 )
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal, replay
-from .aggregator_state import SCHEME  # noqa: F401  (importable from here too)
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (

@@ -29,21 +29,17 @@ from ..messages import (
 )
 from ..queries import lookup, query_digest
 from ..queries.run import JOIN
-from ..sharing import make_scheme
 from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
 from .store import Store
 
-__all__ = ["AggregatorState", "Applied", "parse_refusal", "replay", "ABANDON_FACTOR", "RETAIN_RELEASED", "SCHEME"]
+__all__ = ["AggregatorState", "Applied", "parse_refusal", "replay", "ABANDON_FACTOR", "RETAIN_RELEASED"]
 
 
 #: A round still open this many round timeouts after it opened is abandoned.
 ABANDON_FACTOR = 2.0
 #: Released rounds whose aggregate share is kept for the sites (and the analyst) to fetch again.
 RETAIN_RELEASED = 64
-
-#: The secret-sharing scheme of a deployed study (`sharing.make_scheme`); every party uses it.
-SCHEME = "additive"
 
 
 @dataclass
@@ -80,7 +76,7 @@ class AggregatorState:
         self.name = name
         self.index = names.index(name)
         self.sites = tuple(s.name for s in config.sites)
-        self.scheme = make_scheme(SCHEME, len(config.aggregators))
+        self.scheme = config.make_scheme()
         policy = config.policy
         assert policy is not None
         self.policy_digest = policy.digest()

@@ -34,6 +34,9 @@ from .config_schema import (
 )
 from .config_table import REQUIRED, TomlTable, array_of_tables
 
+#: The sharing schemes a deployed study runs (pairwise masking needs interactive phases the services lack).
+DEPLOYED_SCHEMES = ("additive", "shamir", "replicated")
+
 __all__ = ["parse_study", "load_study"]
 
 
@@ -94,6 +97,13 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     round_timeout_s = s.number("round_timeout_s", 300.0)
     max_body_bytes = s.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, lo=1024)
     max_open_rounds = s.integer("max_open_rounds", 16, lo=1)
+    scheme = s.string("scheme") if s.has("scheme") else "additive"
+    if scheme not in DEPLOYED_SCHEMES:
+        raise s.error(f"{scheme!r} is not a scheme a deployed study runs; one of {', '.join(DEPLOYED_SCHEMES)} "
+                      "(pairwise masking and the plaintext baseline run embedded only)", "scheme")
+    threshold = s.integer("threshold", REQUIRED, lo=2) if s.has("threshold") else None
+    if threshold is not None and scheme != "shamir":
+        raise s.error("a threshold is for scheme = \"shamir\" only", "threshold")
     s.finish()
 
     aggregators = []
@@ -139,6 +149,12 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     if len(sites) < min_sites:
         raise fail("sites", f"study.min_sites is {min_sites} but only {len(sites)} "
                    f"[[sites]] table(s) are defined")
+    try:
+        from ..sharing import make_scheme
+
+        make_scheme(scheme, len(aggregators), threshold=threshold)
+    except ValueError as exc:
+        raise fail("study.scheme", f"{exc} ({len(aggregators)} [[aggregators]] defined)") from None
 
     # Names key the `keys/<name>/` folders and certificates: unique over all roles, and
     # case-insensitively, since some file systems fold case.
@@ -174,7 +190,7 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
 
     return StudyConfig(study_id, ca_cert, ca_key, tuple(aggregators), tuple(sites), analyst,
                        q, min_sites, frac_bits, round_timeout_s, max_body_bytes,
-                       max_open_rounds, policy, ca_crl, source=source)
+                       max_open_rounds, scheme, threshold, policy, ca_crl, source=source)
 
 
 def load_study(path: str | os.PathLike[str]) -> StudyConfig:

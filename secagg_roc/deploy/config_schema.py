@@ -199,6 +199,10 @@ class StudyConfig:
     round_timeout_s: float = 300.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_open_rounds: int = 16
+    #: The sharing scheme every party uses: "additive" (N-of-N), "shamir" (`threshold`-of-N) or "replicated".
+    scheme: str = "additive"
+    #: Shamir's threshold t (None: a majority of the aggregators).
+    threshold: int | None = None
     #: The sites' privacy policy (the ``[policy]`` table); its q and min_sites are the two fields above.
     policy: Policy | None = None
     #: The study CA's list of revoked certificates (``secagg-roc keys revoke``); aggregators refuse them.
@@ -215,6 +219,12 @@ class StudyConfig:
                 f"{self.policy.min_sites} differ from study.privacy_level = {self.privacy_level} and "
                 f"study.min_sites = {self.min_sites}; they are one setting, given in [study]"
             )
+
+    def make_scheme(self):
+        """The study's `SharingScheme` for its aggregators (`scheme` and `threshold` in [study])."""
+        from ..sharing import make_scheme
+
+        return make_scheme(self.scheme, len(self.aggregators), threshold=self.threshold)
 
     def parties(self) -> tuple[Party, ...]:
         """Every party: aggregators, then sites, then the analyst."""

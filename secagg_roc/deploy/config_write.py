@@ -47,6 +47,8 @@ def study_to_dict(config: StudyConfig, base_dir: str | os.PathLike[str]) -> dict
         "round_timeout_s": float(config.round_timeout_s),
         "max_body_bytes": config.max_body_bytes,
         "max_open_rounds": config.max_open_rounds,
+        **({"scheme": config.scheme} if config.scheme != "additive" else {}),
+        **({"threshold": config.threshold} if config.threshold is not None else {}),
     }
     aggregators = [
         {"name": a.name, "host": a.host, "port": a.port, "cert": _rel(a.cert, base),

@@ -59,9 +59,7 @@ from ..messages import (
 from ..plans import Step
 from ..queries import canonical_params, lookup, query_digest
 from ..queries.run import JOIN
-from ..sharing import make_scheme
 from ..study import Study, Totals
-from .aggregator_state import SCHEME
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient, retry
@@ -109,7 +107,7 @@ class RemoteStudy(Study):
         self.frac_bits = self.config.frac_bits
         self.round_timeout_s = float(round_timeout_s if round_timeout_s is not None else self.config.round_timeout_s)
         self.poll_wait = poll_wait
-        self.scheme = make_scheme(SCHEME, len(self.config.aggregators))
+        self.scheme = self.config.make_scheme()
         ctx = client_ssl_context(self.config.ca_cert, party.cert, party.key)
         # Aggregate shares are as large as the largest share a site may send.
         limit = 4 * self.config.max_body_bytes + (1 << 20)

@@ -41,17 +41,15 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError, EncodingError, SecAggError
 from ..ledger import Ledger, LedgerEntry
 from ..messages import ErrorReply, InputShare, Message, Query, RoundId, StatusRequest, decode
 from ..queries import SiteData
 from ..queries.run import JOIN
-from ..sharing import make_scheme
 from ..site import Site
 from ..study import site_noise_rng
-from .aggregator_state import SCHEME
 from .config_schema import SiteConfig, StudyConfig, with_article
 from .http_protocol import ERROR_CLASSES, pack_frames, unpack_frames
 from .site_data import load_site_data
@@ -132,7 +130,7 @@ class SiteAnswers:
         # A run's join releases only how many sites joined: every site answers it (and checks it).
         allowed = None if party.allowed_queries is None else frozenset(party.allowed_queries) | {JOIN}
         self.data = SiteData(name=name, arrays=arrays, rng=site_noise_rng(seed, name), allowed_queries=allowed)
-        self.scheme = make_scheme(SCHEME, len(config.aggregators))
+        self.scheme = config.make_scheme()
         assert config.policy is not None
         self.policy = config.policy
         self.ledger = Ledger(self.policy, name)
@@ -218,9 +216,9 @@ class SiteAnswers:
             rng_before = json.dumps(self.data.rng.bit_generator.state)
             logged: dict[str, Any] = {}
 
-            def persist(entries: list[LedgerEntry], shares: list[InputShare]) -> None:
+            def persist(entries: list[LedgerEntry], shares: list[InputShare], seeds: Mapping[int, bytes]) -> None:
                 # One transaction: the query, its ledger entries, the split and the noise state after it.
-                record = split_record(shares)
+                record = split_record(shares, seeds)
                 rows: list[tuple[str, int, bytes]] = [("query", number, query.encode())]
                 rows += [(LEDGER_PREFIX + e.kind, number, e.body) for e in entries]
                 rows.append(("answer", number, json.dumps(record, sort_keys=True).encode()))

@@ -91,35 +91,39 @@ def _vector_digest(vector: np.ndarray) -> str:
     return hashlib.sha256(memoryview(np.ascontiguousarray(vector, dtype=np.uint64)).cast("B")).hexdigest()
 
 
-def split_record(shares: list[InputShare]) -> dict[str, Any]:
+def split_record(shares: list[InputShare], seeds: Mapping[int, bytes] | None = None) -> dict[str, Any]:
     """What a site agent logs for an answer (SECRET: the seeds), as a JSON-able dict.
 
     Enough to re-create the identical shares from the same data
     (`Site.answer(query, seeds=...)`) and to check that they are identical:
-    the round, the holder (the one aggregator that gets a vector), each other
-    aggregator's seed, and SHA-256 digests of the holder's correction vector
-    and of the shares' public metadata.
+    the round, the seeds of all the split's randomness (`SharingScheme.fresh_seeds`;
+    under additive sharing, the seed each aggregator but the holder receives),
+    SHA-256 digests of the vector payloads (additive: the holder's correction
+    vector) and of the shares' public metadata.
     """
-    holders = [s for s in shares if s.vector is not None]
-    if len(holders) != 1 or any(s.seed is None for s in shares if s.vector is None):
-        raise ValueError("a split is one vector share (the holder's) and seed shares for every other aggregator")
-    holder = holders[0]
-    rid = holder.round_id
-    return {
-        "format": SPLIT_FORMAT,
-        "round": [rid.study, rid.number, rid.query.hex()],
-        "holder": int(holder.aggregator),
-        "seeds": {str(s.aggregator): s.seed.hex() for s in shares if s.seed is not None},
-        "correction_sha256": _vector_digest(holder.vector),
-        "meta_sha256": _share_meta_digest(shares),
-    }
+    rid = shares[0].round_id
+    record: dict[str, Any] = {"format": SPLIT_FORMAT, "round": [rid.study, rid.number, rid.query.hex()],
+                              "meta_sha256": _share_meta_digest(shares)}
+    vectors = [s for s in shares if s.vector is not None]
+    if seeds is None:  # the additive split: its seeds travel in the shares themselves
+        if len(vectors) != 1 or any(s.seed is None for s in shares if s.vector is None):
+            raise ValueError("a split is one vector share (the holder's) and seed shares for every other aggregator")
+        seeds = {s.aggregator: s.seed for s in shares if s.seed is not None}
+    if len(vectors) == 1 and all(s.seed is not None for s in shares if s.vector is None):
+        record["holder"] = int(vectors[0].aggregator)
+        record["correction_sha256"] = _vector_digest(vectors[0].vector)
+    else:  # every aggregator gets a vector (Shamir, replicated)
+        record["vectors_sha256"] = {str(s.aggregator): _vector_digest(s.vector) for s in vectors}
+    record["seeds"] = {str(k): bytes(v).hex() for k, v in sorted(seeds.items())}
+    return record
 
 
 def split_mismatch(record: Mapping[str, Any], shares: list[InputShare]) -> str | None:
     """Why `shares` are not the split `record` describes, or None when they are identical."""
     try:
-        again = split_record(shares)
-    except ValueError as exc:
+        seeds = {int(k): bytes.fromhex(v) for k, v in record.get("seeds", {}).items()}
+        again = split_record(shares, None if "correction_sha256" in record else seeds)
+    except (ValueError, TypeError, AttributeError) as exc:
         return str(exc)
     for key, what in (
         ("round", "round"),
@@ -127,8 +131,9 @@ def split_mismatch(record: Mapping[str, Any], shares: list[InputShare]) -> str |
         ("seeds", "seeds"),
         ("meta_sha256", "layout, encoding or record count"),
         ("correction_sha256", "share vector"),
+        ("vectors_sha256", "share vectors"),
     ):
-        if again[key] != record.get(key):
+        if again.get(key) != record.get(key):
             return f"the shares re-created from its data with the logged seeds differ in their {what}"
     return None
 

@@ -45,6 +45,10 @@ class AdditiveSharing(SharingScheme):
             raise ValueError("additive sharing needs at least 2 non-colluding aggregators")
         return int(n_aggregators)
 
+    def fresh_seeds(self, holder: int = 0) -> dict[int, bytes]:
+        """One seed per aggregator but the holder."""
+        return {j: prg.new_seed() for j in range(self.n_aggregators) if j != holder}
+
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
         """Run by a Site. `holder` (the aggregator that gets the correction) rotates across sites
         so that no aggregator receives every full-size vector."""

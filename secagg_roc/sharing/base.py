@@ -55,6 +55,12 @@ class SharingScheme(abc.ABC):
     def threat_model(self) -> ThreatModel:
         """Who must not collude, which failures the scheme tolerates, what a cheating party achieves."""
 
+    def fresh_seeds(self, holder: int = 0) -> dict[int, bytes]:
+        """Run by a Site: fresh OS seeds for all the randomness of one split, keyed as `share(seeds=...)`
+        takes them. A deployed site logs them before sending, so that after a restart the same seeds over the
+        same data re-create identical shares."""
+        raise ValueError(f"the {self.name} scheme cannot re-create a split from seeds")
+
     def payload_length(self, n: int) -> int:
         """How many uint64 elements carry an input of `n` ring elements to one aggregator."""
         return n

@@ -35,6 +35,16 @@ class PlaintextSharing(SharingScheme):
             raise ValueError("the plaintext baseline has exactly one trusted host (n_aggregators=1)")
         return 1
 
+    def fresh_seeds(self, holder: int = 0) -> dict[int, bytes]:
+        """No randomness: the input goes in the clear."""
+        return {}
+
+    def share(self, x, codec, *, holder=0, out=None, seeds=None, session=None):
+        """Run by a Site: the encoded input itself (`seeds`, if given, must be empty: there is no randomness)."""
+        if seeds:
+            raise ValueError("the plaintext baseline has no randomness to re-create from seeds")
+        return self.split(codec.encode(x, out=out), holder=holder)
+
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
         """Run by a Site: the whole input goes to the host."""
         return [Payload(vector=np.ascontiguousarray(encoded, dtype=np.uint64))]

@@ -52,11 +52,23 @@ class ReplicatedSharing(SharingScheme):
     def payload_length(self, n: int) -> int:
         return 2 * n
 
-    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
+    def fresh_seeds(self, holder: int = 0) -> dict[int, bytes]:
+        """The seeds of r_0 and r_1."""
+        return {0: prg.new_seed(), 1: prg.new_seed()}
+
+    def share(self, x, codec, *, holder=0, out=None, seeds=None, session=None):
+        """Run by a Site: encode and split, r_0 and r_1 from `seeds` when given (see `fresh_seeds`)."""
+        return self.split(codec.encode(x, out=out), holder=holder, seeds=seeds)
+
+    def split(self, encoded: np.ndarray, *, holder: int = 0, seeds: Mapping[int, bytes] | None = None
+              ) -> list[Payload]:
         """Run by a Site: aggregator j gets [r_j, r_{j+1}] as one vector of twice the input's length."""
+        seeds = self.fresh_seeds() if seeds is None else seeds
+        if set(seeds) != {0, 1}:
+            raise ValueError(f"seeds must be given for [0, 1] exactly, got {sorted(seeds)}")
         x = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
         n = x.size
-        r0, r1 = prg.expand(prg.new_seed(), n), prg.expand(prg.new_seed(), n)
+        r0, r1 = prg.expand(bytes(seeds[0]), n), prg.expand(bytes(seeds[1]), n)
         r2 = x - r0 - r1  # mod 2^64: numpy's uint64 arithmetic wraps
         parts = (r0, r1, r2)
         return [Payload(vector=np.concatenate([parts[j], parts[(j + 1) % 3]])) for j in range(3)]

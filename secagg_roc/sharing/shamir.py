@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import field
+from .. import field, prg
 from ..errors import TamperError
 from ..ring import FixedPoint
 from .base import Payload, SharingScheme
@@ -79,14 +79,21 @@ class ShamirSharing(SharingScheme):
             return "a Shamir share holds field elements below 2^61 - 1"
         return None
 
-    def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
-        """Run by a Site: n shares of the limbs of `encoded` (`holder` plays no part: every share is alike)."""
+    def fresh_seeds(self, holder: int = 0) -> dict[int, bytes]:
+        """One seed per random coefficient a_1 .. a_{t-1}."""
+        return {k: prg.new_seed() for k in range(self.threshold - 1)}
+
+    def split(self, encoded: np.ndarray, *, holder: int = 0, seeds: Mapping[int, bytes] | None = None
+              ) -> list[Payload]:
+        """Run by a Site: n shares of the limbs of `encoded` (`holder` plays no part: every share is alike);
+        the coefficients are the keystreams of `seeds` (fresh from the OS unless given: see `fresh_seeds`)."""
+        seeds = self.fresh_seeds() if seeds is None else _check_seeds(seeds, range(self.threshold - 1))
         ring = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
         n = 2 * ring.size
         limbs, scratch = self._take(n), self._take(n)
         np.bitwise_and(ring, _LOW, out=limbs[: ring.size])
         np.right_shift(ring, _32, out=limbs[ring.size:])
-        coefficients = [field.random_elements(n) for _ in range(self.threshold - 1)]
+        coefficients = [field.random_elements(n, seeds[k]) for k in range(self.threshold - 1)]
         small = self.n_aggregators < 8  # evaluation points below 8: in-place multiplies, no temporaries
         payloads = []
         for j in range(self.n_aggregators):
@@ -112,9 +119,7 @@ class ShamirSharing(SharingScheme):
     def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
               seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
         """Run by a Site: encode and split (the shares are fresh vectors; `out` only holds the encoding)."""
-        if seeds is not None:
-            raise ValueError("Shamir shares are polynomial evaluations, not seeds: they cannot be re-created from seeds")
-        return self.split(codec.encode(x, out=out), holder=holder)
+        return self.split(codec.encode(x, out=out), holder=holder, seeds=seeds)
 
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: acc += share (mod p)."""
@@ -137,6 +142,12 @@ class ShamirSharing(SharingScheme):
         np.left_shift(limbs[half:], _32, out=total)
         np.add(total, limbs[:half], out=total)
         return total
+
+
+def _check_seeds(seeds: Mapping[int, bytes], keys: range) -> dict[int, bytes]:
+    if set(seeds) != set(keys):
+        raise ValueError(f"seeds must be given for {sorted(keys)} exactly, got {sorted(seeds)}")
+    return {k: bytes(seeds[k]) for k in keys}
 
 
 def _inconsistent(vectors: Mapping[int, np.ndarray], t: int) -> list[int]:

@@ -1,0 +1,135 @@
+"""Shamir and replicated sharing in a deployed study, with real processes over mutual TLS: the same numbers
+as the embedded study; a site killed between its shares re-creates them from the seeds it logged; a study
+file names a scheme the services cannot run, or a bad threshold, in one clear line."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import sqlite3
+import time
+
+import numpy as np
+import pytest
+
+import secagg_roc.stats as sr
+from secagg_roc.deploy.config_write import loopback_study
+from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.site_data import load_site_data
+from secagg_roc.errors import ConfigError
+from secagg_roc.messages import StatusRequest
+from secagg_roc.study import Study
+
+from deploy_client import call_as
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
+
+SIZES = {"site-a": 12, "site-b": 15, "site-c": 20}
+
+
+def make_data(seed: int) -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for s, n in SIZES.items():
+        y = np.r_[[0, 1] * 3, rng.integers(0, 2, n - 6)]
+        out[s] = {"y": y, "x": rng.normal(size=(n, 2)).round(3), "score": np.clip(0.3 * y + 0.7 * rng.random(n), 0, 1).round(4)}
+    return out
+
+
+@pytest.fixture(scope="module")
+def shamir(tmp_path_factory: pytest.TempPathFactory):
+    cl = LocalCluster(tmp_path_factory.mktemp("shamir"), make_data(4), n_aggregators=3, scheme="shamir",
+                      threshold=2, round_timeout_s=30.0, policy={"min_cell_count": 1, "allow_non_private": True},
+                      allow_non_private=True)
+    with cl.start():
+        yield cl
+
+
+def embedded(cluster: LocalCluster, **kw) -> Study:
+    loaded = {s.name: load_site_data(s.data, s.columns) for s in cluster.config.sites}
+    return Study.local(loaded, policy=cluster.config.policy, study_id=cluster.config.study_id, **kw)
+
+
+def test_a_shamir_deployment_gives_the_embedded_numbers(shamir) -> None:
+    local = embedded(shamir, scheme="shamir", n_aggregators=3, threshold=2)
+    with shamir.study() as study:
+        assert study.scheme.name == "shamir" and study.scheme.threshold == 2
+        brier = sr.brier_score(study, "y", "score")
+        fit = sr.fit_glm(study, "y", "x", family="logit")
+        roc = sr.roc_glm(study, "y", "score", epsilon=None)
+    assert float(brier) == float(sr.brier_score(local, "y", "score"))
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    assert roc.auc == sr.roc_glm(local, "y", "score", epsilon=None).auc
+    additive = embedded(shamir)  # and the additive scheme's, to the last bit
+    assert float(brier) == float(sr.brier_score(additive, "y", "score"))
+
+
+def _open_round(cluster: LocalCluster, aggregator: int) -> int | None:
+    info = call_as(cluster, cluster.config.analyst.name, aggregator, lambda c: c.info())
+    return info["next_number"] - 1 if info["open_rounds"] else None
+
+
+def _site_log(cluster: LocalCluster, site: str, kind: str, number: int) -> list[bytes]:
+    path = cluster.folder / "state" / f"{site}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT body FROM log WHERE kind = ? AND number = ? ORDER BY seq", (kind, number))
+        return [bytes(b) for (b,) in rows]
+
+
+def _wait(predicate, timeout: float = 30.0, what: str = "condition"):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value is not None and value is not False:
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def test_a_site_killed_between_its_shamir_shares_recreates_them_from_its_logged_seeds(shamir) -> None:
+    local = embedded(shamir, scheme="shamir", n_aggregators=3, threshold=2)
+    with shamir.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        study.info()
+        shamir.kill("agg-3")  # site-a's share for agg-3 cannot be delivered now
+        future = pool.submit(sr.brier_score, study, "y", "score")
+        number = _wait(lambda: _open_round(shamir, 0), what="the join to open at agg-1")
+        body = _wait(lambda: _site_log(shamir, "site-a", "answer", number) or None, what="site-a's answer")
+        record = json.loads(body[0])
+        _wait(lambda: "site-a" in call_as(shamir, shamir.config.analyst.name, 0,
+                                          lambda c: c.send(StatusRequest(_rid(record)))).accepted,
+              what="site-a's share at agg-1")
+        shamir.kill("site-a")
+        shamir.start_party("site-a")
+        shamir.start_party("agg-3")
+        brier = future.result(timeout=120)
+    assert float(brier) == float(sr.brier_score(local, "y", "score"))
+    # The log holds the split's seeds (one per random coefficient) and a digest of every share vector.
+    assert set(record) >= {"seeds", "vectors_sha256", "meta_sha256"} and len(record["seeds"]) == 1
+    assert len(record["vectors_sha256"]) == 3
+    assert f"re-created the logged shares of loopback/round-{number}/" in shamir.log_text("site-a")
+
+
+def _rid(record):
+    from secagg_roc.deploy.site_log import split_round
+
+    return split_round(record)
+
+
+def test_a_replicated_deployment_gives_the_embedded_numbers(tmp_path) -> None:
+    cl = LocalCluster(tmp_path, make_data(9), n_aggregators=3, scheme="replicated", round_timeout_s=30.0,
+                      policy={"min_cell_count": 1})
+    with cl.start(), cl.study() as study:
+        assert study.scheme.name == "replicated"
+        brier = sr.brier_score(study, "y", "score")
+    assert float(brier) == float(sr.brier_score(embedded(cl, scheme="replicated"), "y", "score"))
+
+
+@pytest.mark.parametrize("settings, n, message", [
+    ({"scheme": "pairwise"}, 2, "not a scheme a deployed study runs"),
+    ({"scheme": "additive", "threshold": 2}, 2, 'threshold is for scheme = "shamir" only'),
+    ({"scheme": "shamir", "threshold": 4}, 3, "threshold must be in 2..3"),
+    ({"scheme": "replicated"}, 2, "exactly 3 aggregators"),
+])
+def test_a_study_file_with_a_scheme_the_services_cannot_run_is_one_clear_error(tmp_path, settings, n, message):
+    with pytest.raises(ConfigError, match=message):
+        loopback_study(tmp_path, ["s1", "s2"], n, **settings)
