@@ -163,6 +163,8 @@ class Aggregator:
             r.submit(message)
             # The acknowledgement names only the submitter: a site never learns who else took part.
             return RoundStatus(r.round_id, (message.site,), r.released_over is not None)
+        if isinstance(message, (StatusRequest, CloseRound)) and not isinstance(message.round_id, RoundId):
+            raise MessageError(f"a {message.kind} names its round")
         if isinstance(message, StatusRequest):
             return self.round(message.round_id).status()
         if isinstance(message, CloseRound):

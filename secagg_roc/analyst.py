@@ -45,6 +45,8 @@ def agree_contributors(statuses: list[RoundStatus]) -> tuple[str, ...]:
 def _check_together(shares: list, scheme: SharingScheme, attrs: tuple[str, ...]) -> list:
     """`shares` ordered by aggregator: from distinct aggregators, at least the scheme's threshold of them, with
     the same round metadata (a scheme with a threshold combines from any `threshold` aggregators)."""
+    if any(not isinstance(s.aggregator, int) for s in shares):
+        raise CombineError("a share does not name its aggregator")
     ordered = sorted(shares, key=lambda s: s.aggregator)
     indices = [s.aggregator for s in ordered]
     if len(set(indices)) != len(indices) or any(not 0 <= j < scheme.n_aggregators for j in indices):
@@ -72,8 +74,8 @@ def combine(shares: list[AggregateShare], scheme: SharingScheme, buffers: Buffer
     result is always a fresh array: it belongs to the caller)."""
     ordered = _check_together(shares, scheme, ("round_id", "contributors", "records", "encoding", "layout"))
     first = ordered[0]
-    if any(s.vector.shape != first.vector.shape for s in ordered):
-        raise CombineError("aggregate shares have different lengths")
+    if any(not _ring_vector(s.vector) or s.vector.shape != first.vector.shape for s in ordered):
+        raise CombineError("aggregate shares must be uint64 vectors of one length")
     if first.encoding.raw:
         raise CombineError("raw float encodings are per-site releases; they are never summed")
     out = None if buffers is None else buffers.take(layout_size(first.layout))
@@ -95,6 +97,8 @@ def combine_forwarded(shares: list[ForwardedShares], scheme: SharingScheme) -> d
     """Each contributor's values of a per-site release, from every aggregator's forwarded shares."""
     ordered = _check_together(shares, scheme, ("round_id", "contributors", "records"))
     out: dict[str, dict[str, np.ndarray]] = {}
+    if any(len(f.shares) != len(f.contributors) for f in ordered):
+        raise CombineError("an aggregator forwarded a different number of shares than it names contributors")
     for i, site in enumerate(ordered[0].contributors):
         parts = [f.shares[i] for f in ordered]
         first = parts[0]
@@ -104,9 +108,16 @@ def combine_forwarded(shares: list[ForwardedShares], scheme: SharingScheme) -> d
         n = scheme.payload_length(first.length)
         vectors = {}
         for f, p in zip(ordered, parts):
-            if p.vector is not None and p.vector.shape != (n,):
-                raise CombineError(f"a forwarded share of site {site!r} has the wrong length")
+            if p.vector is not None and (not _ring_vector(p.vector) or p.vector.shape != (n,)
+                                         or scheme.check_payload(p.vector) is not None):
+                raise CombineError(f"a forwarded share of site {site!r} is not a payload of the {scheme.name} scheme")
+            if p.vector is None and (p.seed is None or not scheme.accepts_seeds):
+                raise CombineError(f"a forwarded share of site {site!r} carries no payload the scheme takes")
             vectors[f.aggregator] = v = np.empty(n, dtype=np.uint64)
             scheme.materialize(v, Payload(seed=p.seed, vector=p.vector))
         out[site] = unflatten(first.layout, first.encoding.decode(scheme.combine(vectors)))
     return out
+
+
+def _ring_vector(v: object) -> bool:
+    return isinstance(v, np.ndarray) and v.dtype == np.uint64 and v.ndim == 1

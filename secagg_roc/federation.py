@@ -350,6 +350,8 @@ class LocalFederation:
         return agree_contributors([self._exchange(agg, StatusRequest(query.round_id)) for agg in answering])
 
     def _close(self, query: Query, contributors: tuple[str, ...]) -> list:
+        if self._pairwise is not None:
+            self._pairwise.feed(query, contributors)
         shares = [self._exchange(agg, CloseRound(query.round_id, contributors)) for agg in self._reachable("close")]
         if self._pairwise is not None and isinstance(shares[0], AggregateShare):
             # Run by the server before its release leaves: remove the masks that did not cancel.

@@ -23,7 +23,9 @@ from .buffers import BufferPool
 from .errors import MessageError, PrivacyError, RoundError
 from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundStatus, check_name
 from .queries import QUERIES
+from .ring import Encoding
 from .sharing import Payload, SharingScheme
+from .wire import layout_json, parse_layout
 
 NOT_COUNTED = -1
 #: The largest record count a share may state: far beyond any study, and small enough that the counts of
@@ -98,6 +100,7 @@ class Round:
         return True
 
     def _check_share(self, share: InputShare) -> None:
+        _check_fields(share)
         rid = self.round_id
         if share.round_id != rid:
             if (share.round_id.study, share.round_id.number) == (rid.study, rid.number):
@@ -152,6 +155,8 @@ class Round:
 
     def close(self, contributors: tuple[str, ...]) -> AggregateShare | ForwardedShares:
         """Release this aggregator's share of the total over `contributors` (once)."""
+        if not isinstance(contributors, (tuple, list)) or not all(isinstance(s, str) for s in contributors):
+            raise MessageError("a contributor set is a sequence of site names")
         agreed = tuple(sorted(contributors))
         if len(set(agreed)) != len(agreed):
             raise RoundError("the contributor set lists a site twice")
@@ -226,6 +231,22 @@ class Round:
     def site_records(self, contributors: tuple[str, ...]) -> dict[str, int]:
         """Each contributor's record count, as its share states it (public metadata)."""
         return {s: self.accepted[s].records for s in contributors if s in self.accepted}
+
+
+def _check_fields(share: InputShare) -> None:
+    """The field types the wire decoder guarantees, for messages handed over in process (crafted or not)."""
+    if not isinstance(share.site, str) or not isinstance(share.aggregator, int):
+        raise MessageError("a share names its site (a string) and aggregator (an index)")
+    if not isinstance(share.encoding, Encoding):
+        raise MessageError("a share states its encoding")
+    if not isinstance(share.records, int) or isinstance(share.records, bool):
+        raise MessageError("a share's record count is a whole number")
+    layout = share.layout
+    try:
+        if parse_layout(layout_json(layout)) != layout:
+            raise MessageError("a share's layout must be (name, shape, integer) triples")
+    except (TypeError, ValueError) as exc:
+        raise MessageError(f"a share's layout must be (name, shape, integer) triples: {exc}") from None
 
 
 def _release_bytes(release: AggregateShare | ForwardedShares | None) -> int:

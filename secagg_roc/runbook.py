@@ -106,6 +106,15 @@ class RunBook:
                 f"run {run.run!r}: every round releases over the run's contributor set {list(run.contributors)}, "
                 f"not {list(agreed)}"
             )
+        elif query.params.get("contributors") != list(run.contributors):
+            # The round names the set, and every site checked it against the join release it combined: so
+            # no two aggregators release one run over different sets (under a threshold scheme, quorums of
+            # them could otherwise be differenced).
+            raise PolicyError(
+                f"run {run.run!r}, round {query.params['step']} names the contributor set "
+                f"{query.params.get('contributors')!r}; this aggregator released the run's join over "
+                f"{list(run.contributors)}"
+            )
 
     def closed(self, query: Query, agreed: tuple[str, ...]) -> None:
         """Record a release: a join's fixes the run's contributor set."""

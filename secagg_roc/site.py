@@ -145,12 +145,17 @@ class Site:
                     "only the rounds of a run's plan"
                 )
             info, step = self.runs.expect(run, number)
-            asked = {k: v for k, v in params.items() if k not in ("run", "step")}
+            asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
             problem = same_step(step, query.name, asked, query.frac_bits)
             if problem is not None:
                 raise PolicyError(
                     f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
                     f"plan: {problem}"
+                )
+            if params.get("contributors") != list(info.contributors):
+                raise PolicyError(
+                    f"site {self.name!r}: round {number} of run {run!r} names the contributor set "
+                    f"{params.get('contributors')!r}, not the one of the join release it received"
                 )
             if step.release == "dp":
                 shares, entries = self._per_site(query, info, number, step, seeds, replay)

@@ -221,7 +221,8 @@ class AdversarialAnalyst(RuleBasedStateMachine):
                     step = next(rounds)
                     for t in range(1, max(steps) + 1):
                         query, share, release = steps[t]
-                        asked = {k: v for k, v in query.params.items() if k not in ("run", "step")}
+                        asked = {k: v for k, v in query.params.items() if k not in ("run", "step", "contributors")}
+                        assert query.params["contributors"] == list(contributors)
                         assert same_step(step, query.name, asked, query.frac_bits) is None, (run, t)
                         assert tuple(share.contributors) == contributors
                         step = rounds.send(release)

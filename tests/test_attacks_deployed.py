@@ -336,7 +336,8 @@ def test_analyst_chosen_dp_parameters_are_refused_by_api_raw_joins_and_raw_round
     wait_answers(cl, good.round_id, cl.site_names)
     joined = everywhere(cl, lambda c: c.send(CloseRound(good.round_id, tuple(cl.site_names))))
     assert combine(joined, _scheme(cl))["sites"].tolist() == [3]
-    base = {"run": "raw-dp-2", "label": "y", "score": "score", "score_range": [0.0, 1.0]}
+    base = {"run": "raw-dp-2", "contributors": sorted(cl.site_names), "label": "y", "score": "score",
+            "score_range": [0.0, 1.0]}
     counts = make_query(cl.config.study_id, number + 2, "rocglm.counts", {**base, "step": 1})
     everywhere(cl, lambda c: c.send(counts))
     wait_answers(cl, counts.round_id, cl.site_names)
@@ -459,7 +460,7 @@ def test_closing_rounds_over_chosen_contributor_sets_is_refused(lenient) -> None
     assert releases(cl) == before
     everywhere(cl, lambda c: c.send(CloseRound(join.round_id, everyone)))
     step = make_query(cl.config.study_id, number + 1, "calibration.brier",
-                      {"run": "chosen", "step": 1, **args, "score_range": [0.0, 1.0]})
+                      {"run": "chosen", "step": 1, "contributors": sorted(everyone), **args, "score_range": [0.0, 1.0]})
     everywhere(cl, lambda c: c.send(step))
     wait_answers(cl, step.round_id, everyone)
     before = releases(cl)
@@ -873,7 +874,8 @@ def test_a_step_opened_under_another_number_at_each_aggregator_never_combines(st
     join = _open_join(cl, n, "race")
     wait_answers(cl, join.round_id, cl.site_names)
     everywhere(cl, lambda c: c.send(CloseRound(join.round_id, tuple(cl.site_names))))
-    params = {"run": "race", "step": 1, "label": "y", "score": "score", "score_range": [0.0, 1.0]}
+    params = {"run": "race", "step": 1, "contributors": sorted(cl.site_names), "label": "y", "score": "score",
+              "score_range": [0.0, 1.0]}
     at_1 = make_query(cl.config.study_id, n + 1, "calibration.brier", params)
     at_2 = make_query(cl.config.study_id, n + 2, "calibration.brier", params)
     analyst(cl, 0, lambda c: c.send(at_1))
@@ -979,7 +981,8 @@ def test_an_abandoned_dp_round_is_charged_once_and_later_replayed(trio) -> None:
     join = _open_join(cl, n, "lapse", "rocglm", args)
     wait_answers(cl, join.round_id, everyone)
     everywhere(cl, lambda c: c.send(CloseRound(join.round_id, everyone)))
-    base = {"run": "lapse", "label": "y", "score": "score", "score_range": [0.0, 1.0]}
+    base = {"run": "lapse", "contributors": sorted(cl.site_names), "label": "y", "score": "score",
+            "score_range": [0.0, 1.0]}
     counts = make_query(cl.config.study_id, n + 1, "rocglm.counts", {**base, "step": 1})
     everywhere(cl, lambda c: c.send(counts))
     wait_answers(cl, counts.round_id, everyone)
@@ -1062,7 +1065,7 @@ def test_interleaved_runs_each_follow_their_own_plan_and_set(trio) -> None:
         analyst(cl, 0, lambda c: c.send(CloseRound(b.round_id, everyone[:2])))
     everywhere(cl, lambda c: c.send(CloseRound(b.round_id, everyone)))
     # Their steps, interleaved (b's first), each the next step of its own run; a's step under b's run is refused.
-    common = {"label": "y", "score": "score", "score_range": [0.0, 1.0]}
+    common = {"label": "y", "score": "score", "score_range": [0.0, 1.0], "contributors": sorted(everyone)}
     sb = make_query(cl.config.study_id, n + 2, "calibration.bins",
                     {"run": "inter-b", "step": 1, **common, "n_bins": 5, "min_cell": 5})
     sa = make_query(cl.config.study_id, n + 3, "calibration.brier", {"run": "inter-a", "step": 1, **common})

@@ -149,9 +149,9 @@ def test_glm_iterates_cannot_be_chosen():
     args = {"y": "y", "X": ["age"], "family": "logit", "weights": None, "names": None, "max_iter": 25, "tol": 1e-8}
     _join(study, "glm", args, run="g1")
     design = {"kind": "arrays", "y": "y", "X": ["age"], "weights": None}
-    study.aggregate("glm.means", {"run": "g1", "step": 1, "design": design}, frac_bits=16)
+    study.aggregate("glm.means", {"run": "g1", "contributors": sorted(study.sites), "step": 1, "design": design}, frac_bits=16)
     # Skip the plan's scaling round and ask for a step-function GLM iterate instead.
-    step = {"run": "g1", "step": 2, "design": design, "family": "logit", "beta": [-1000.0 * 60, 1000.0],
+    step = {"run": "g1", "contributors": sorted(study.sites), "step": 2, "design": design, "family": "logit", "beta": [-1000.0 * 60, 1000.0],
             "center": [0.0], "scale": [1.0]}
     with pytest.raises(PolicyError, match="does not follow the plan"):
         study.aggregate("glm.fisher", step)

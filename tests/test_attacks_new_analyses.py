@@ -394,10 +394,10 @@ def test_a_dp_partial_auc_releases_nothing_beyond_the_scores():
     pauc = _canonical(study, "pauc", {"label": "y", "score": "score", "focus": "specificity", "bounds": [0.8, 1.0]})
     _join(study, "pauc", pauc, run="strip")
     base = {"label": "y", "score": "score", "score_range": [0.0, 1.0]}
-    study.aggregate("rocglm.counts", {"run": "strip", "step": 1, **base})
-    study.release_dp("rocglm.scores", {"run": "strip", "step": 2, **base, **{k: pauc[k] for k in PRIVACY_KEYS}})
+    study.aggregate("rocglm.counts", {"run": "strip", "contributors": sorted(study.sites), "step": 1, **base})
+    study.release_dp("rocglm.scores", {"run": "strip", "contributors": sorted(study.sites), "step": 2, **base, **{k: pauc[k] for k in PRIVACY_KEYS}})
     with pytest.raises(PolicyError):
-        study.aggregate("roc.partial_area", {"run": "strip", "step": 3, **base, "focus": "specificity",
+        study.aggregate("roc.partial_area", {"run": "strip", "contributors": sorted(study.sites), "step": 3, **base, "focus": "specificity",
                                              "bounds": [0.8, 1.0], "reference": "x"}, frac_bits=_area_bits(study))
     assert 0.0 <= grid.partial <= 0.2
 

@@ -308,13 +308,13 @@ def test_under_dp_no_site_sums_its_exact_cases_against_the_release():
     assert args["mode"] == "dp"
     _join(study, args, "dp1")
     base = {"label": "y", "score": "score", "score_range": [0.0, 2.1]}
-    study.aggregate("rocglm.counts", {"run": "dp1", "step": 1, **base})
+    study.aggregate("rocglm.counts", {"run": "dp1", "contributors": sorted(study.sites), "step": 1, **base})
     privacy = {k: args[k] for k in ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")}
-    out = study.release_dp("rocglm.scores", {"run": "dp1", "step": 2, **base, **privacy})
+    out = study.release_dp("rocglm.scores", {"run": "dp1", "contributors": sorted(study.sites), "step": 2, **base, **privacy})
     pooled = {name: np.sort(np.concatenate([a[name] for _, a in sorted(out.items())])) for name in ("negative",
                                                                                                    "positive")}
     digest = Released(72, 41, {"score": pooled["negative"]}, {"score": pooled["positive"]}).digest(["score"])
-    crafted = {"run": "dp1", "step": 3, **base, "n_boot": 100, "reference": digest,
+    crafted = {"run": "dp1", "contributors": sorted(study.sites), "step": 3, **base, "n_boot": 100, "reference": digest,
                "reference_seed": reference_seed(digest)}
     with pytest.raises(PolicyError, match="run 'dp1' has ended: its plan is complete"):
         study.aggregate("roc.bootstrap_auc", crafted)

@@ -74,7 +74,8 @@ def next_step(site: Site, number: int, run: str) -> Query:
     """The query of the next step of `run`, as the site's own copy of its plan computes it."""
     state = site.runs.runs[run]
     step = state.step
-    return make_query(STUDY, number, step.query, {"run": run, "step": state.number, **step.params}, step.frac_bits)
+    params = {"run": run, "step": state.number, "contributors": list(state.info.contributors), **step.params}
+    return make_query(STUDY, number, step.query, params, step.frac_bits)
 
 
 class Aggregator:

@@ -15,6 +15,7 @@ of this.
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Callable, Mapping
 
 import numpy as np
@@ -47,6 +48,7 @@ class PairwiseRounds:
         self._servers: dict[int, PairwiseServer] = {}
         self._clients: dict[int, dict[str, PairwiseClient]] = {}
         self._sessions: dict[int, Mapping[str, dict[int, object]]] = {}
+        self._masked: dict[int, dict[str, np.ndarray]] = {}
 
     def _send(self, sender: str, receiver: str, message: PairwiseMessage) -> PairwiseMessage:
         if self.wire:
@@ -82,10 +84,26 @@ class PairwiseRounds:
                 sessions[name][number] = client
 
     def masked(self, query: Query, site: str, vector: np.ndarray) -> None:
-        """Run by the server: a site's masked vector, accepted by the round, joins the engine's sum too."""
-        server = self._servers.get(query.round_id.number)
-        if server is not None:
-            server.receive_masked(MaskedInput(server.round_id, self.index[site], vector))
+        """Run by the server: a site's masked vector, accepted by the round, noted for the unmasking."""
+        if query.round_id.number in self._servers:
+            self._masked.setdefault(query.round_id.number, {})[site] = vector
+
+    def feed(self, query: Query, contributors: tuple[str, ...]) -> None:
+        """Run by the server before the close: the contributors' masked vectors into the engine's sum. Sites
+        whose vectors differ in length from the most common one are named, whichever came first."""
+        number = query.round_id.number
+        server, held = self._servers.get(number), self._masked.get(number, {})
+        if server is None:
+            return
+        lengths = Counter(held[s].size for s in contributors if s in held)
+        if len(lengths) > 1:
+            common = max(lengths, key=lambda n: lengths[n])
+            odd = sorted(s for s in contributors if s in held and held[s].size != common)
+            raise RoundError(f"cannot close {query.round_id}: the masked inputs of {odd} differ in length from the "
+                             "other contributors' (those sites computed something else)")
+        for site in contributors:
+            if site in held:
+                server.receive_masked(MaskedInput(server.round_id, self.index[site], held[site]))
 
     def unmask(self, query: Query, contributors: tuple[str, ...], share: AggregateShare,
                down: Mapping[str, str]) -> AggregateShare:
@@ -108,5 +126,6 @@ class PairwiseRounds:
         """Forget a finished or failed round's keys and sums."""
         self._servers.pop(number, None)
         self._clients.pop(number, None)
+        self._masked.pop(number, None)
         for held in self._sessions.pop(number, {}).values():
             held.pop(number, None)  # a session a site never used (it refused or left) dies with its round

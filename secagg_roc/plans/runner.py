@@ -46,7 +46,10 @@ def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
         step = next(rounds)
         while True:
             step_number += 1
-            params = {"run": run, "step": step_number, **step.params}
+            # Every later round names the run's contributor set: each site checks it against the join release
+            # it combined itself, and each aggregator against its own join, so no two aggregators can be made
+            # to release one run over different sets (a threshold scheme would let them be differenced).
+            params = {"run": run, "step": step_number, "contributors": list(info.contributors), **step.params}
             if step.release == "dp":
                 release = study.release_dp(step.query, params)
             else:

@@ -80,7 +80,7 @@ def site_key(site: SiteData) -> tuple[int, ...]:
 
 def replicate_key(site: SiteData, query: str, params: dict[str, Any]) -> tuple[int, ...]:
     """The key of this site's weights in round `query`: its secret key and the parameters without n_boot."""
-    public = {k: v for k, v in params.items() if k not in ("n_boot", "run", "step")}
+    public = {k: v for k, v in params.items() if k not in ("n_boot", "run", "step", "contributors")}
     blob = json.dumps([query, public], sort_keys=True, separators=(",", ":"))
     return key_words(*(str(k) for k in site_key(site)), blob)
 

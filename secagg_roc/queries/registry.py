@@ -186,7 +186,7 @@ def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, fra
     Two exact releases with the same quantity digest over different contributor
     sets could be differenced; sites' ledgers and aggregators compare them.
     """
-    plain = {k: v for k, v in canonical_params(params).items() if k not in ("run", "step")}
+    plain = {k: v for k, v in canonical_params(params).items() if k not in ("run", "step", "contributors")}
     return query_digest(study, name, plain, frac_bits).hex()
 
 

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from ..errors import RoundError
 from ..ring import FixedPoint, RawFloat
 from .base import Payload, SharingScheme
 from .threat import ThreatModel
@@ -57,11 +58,14 @@ class PairwiseSharing(SharingScheme):
             site_dropouts=f"any, at any phase, while every live site keeps {t} live sites in its neighbourhood",
             malicious={"aggregator alters its aggregate share": "undetected",
                        "aggregator withholds its aggregate share": "blocked",
-                       "server claims a surviving site dropped": "blocked",
+                       "server claims a surviving site dropped": "undetected",
                        "site sends a malformed share": "blocked"},
             site_round_trips=4, upload_vectors_per_site=1.0, coalition=f"the server + {t}-1 sites",
             notes=("default threshold t: a majority of the round's sites",
-                   "a site never reveals both the self-mask seed and the mask key of one site",
+                   "a site never reveals both the self-mask seed and the mask key of one site in one request, and "
+                   "answers one request per round; but without Bonawitz et al.'s consistency round (signed survivor "
+                   "lists, not implemented) a server may send different requests to different sites: with one "
+                   "colluding site, or a threshold at most half the sites, it can unmask an input",
                    "per-site (DP) releases pass the server unmasked: it sees the same DP values as the analyst",
                    "sites stay outbound-only: the server relays keys and AES-GCM-encrypted shares"),
         )
@@ -75,7 +79,8 @@ class PairwiseSharing(SharingScheme):
         if isinstance(codec, RawFloat):
             return [Payload(vector=np.array(encoded, dtype=np.uint64))]  # a per-site release: never summed
         if session is None:
-            raise ValueError("a pairwise-masked share needs the round's key agreement first (no session given)")
+            raise RoundError("a pairwise-masked share needs this round's key agreement: the site took no part in "
+                             "it, or already answered the round (its masks are used once)")
         return [Payload(vector=session.mask(encoded).y)]
 
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:

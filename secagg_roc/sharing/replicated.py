@@ -45,6 +45,8 @@ class ReplicatedSharing(SharingScheme):
             upload_vectors_per_site=6.0, coalition="1 of 3 aggregators",
             notes=("each component is held by two aggregators; every copy must agree or TamperError names "
                    "the aggregator common to all mismatches (both holders when only one component differs)",
+                   "a malicious site that sends one aggregator inconsistent components produces the same evidence: "
+                   "the round is blocked (no wrong total), and the named aggregator may be innocent",
                    "all three aggregators must answer: a missing one blocks the round rather than "
                    "silently switching tamper detection off"),
         )
@@ -93,7 +95,8 @@ class ReplicatedSharing(SharingScheme):
             detail = "; ".join(f"component {k}: aggregators {k} and {(k - 1) % 3} differ" for k in mismatched)
             who = (f"aggregator {min(suspects)} altered its sums" if len(suspects) == 1
                    else f"aggregator {' or '.join(map(str, sorted(suspects)))} altered its sums")
-            raise TamperError(f"{who} ({detail}); refusing to return a wrong total", tuple(sorted(suspects)))
+            raise TamperError(f"{who} ({detail}), or a site sent it inconsistent components; refusing to return "
+                              "a wrong total", tuple(sorted(suspects)))
         total = np.empty(n, dtype=np.uint64) if out is None else out
         np.add(aggregate_vectors[0][:n], aggregate_vectors[1][:n], out=total)
         np.add(total, aggregate_vectors[2][:n], out=total)

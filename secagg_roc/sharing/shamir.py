@@ -67,6 +67,10 @@ class ShamirSharing(SharingScheme):
                    f"the full 64-bit fixed-point range for up to {MAX_SITES} sites",
                    "alterations are detected when more than threshold aggregators answer: with exactly "
                    "threshold answering, an altered sum goes unnoticed",
+                   "a malicious site sending one aggregator an inconsistent share produces the same evidence: the "
+                   "round is blocked (no wrong total), and the named aggregator may be innocent",
+                   "a run names its contributor set in every round after its join, checked by every site and "
+                   "aggregator, so no two quorums release one run over different sets",
                    "random coefficients are 61 keystream bits with p folded onto 0: statistical distance "
                    "below 2^-61 per element from uniform"),
         )
@@ -171,5 +175,5 @@ def _check_consistent(vectors: Mapping[int, np.ndarray], t: int) -> None:
                      and not _inconsistent({k: v for k, v in vectors.items() if k != j}, t))
     who = (f"aggregator {suspects[0]} returned a sum" if len(suspects) == 1
            else f"the sums of aggregators {sorted(vectors)} are")
-    raise TamperError(f"{who} inconsistent with the other aggregators' Shamir shares; "
-                      "refusing to return a wrong total", suspects if len(suspects) == 1 else tuple(sorted(vectors)))
+    raise TamperError(f"{who} inconsistent with the other aggregators' Shamir shares (an aggregator altered "
+                      "its sum, or a site sent it an inconsistent share); refusing to return a wrong total", suspects if len(suspects) == 1 else tuple(sorted(vectors)))
