@@ -43,6 +43,8 @@ from .stats import (
     precision_recall_curve,
     roc_glm,
     roc_test,
+    ScoreHistogram,
+    score_histogram,
 )
 from .study import LocalStudy, Study, Totals
 
@@ -87,4 +89,6 @@ __all__ = [
     "fit_glm",
     "pooled",
     "roc_glm",
+    "ScoreHistogram",
+    "score_histogram",
 ]

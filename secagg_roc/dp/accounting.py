@@ -48,6 +48,23 @@ class Charge:
             raise ValueError("a Gaussian release needs sigma > 0 and l2-sensitivity > 0")
         return cls(float(l2_sensitivity) / float(sigma), float(epsilon), float(delta))
 
+    @classmethod
+    def pure(cls, epsilon: float) -> "Charge":
+        """The cost of an epsilon-DP release (delta = 0): e.g. a discrete Laplace or randomized response.
+
+        Any epsilon-DP mechanism is mu-GDP with mu = 2 Phi^-1(e^eps / (1 + e^eps)) (Dong, Roth & Su 2022,
+        Prop. 2.4 and after: the epsilon-DP trade-off curve is piecewise linear with its kink at
+        alpha = 1 / (1 + e^eps), and a Gaussian curve below it there lies below it everywhere). So a
+        pure-DP release composes soundly with the Gaussian ones under either rule.
+        """
+        from scipy.special import ndtri
+
+        eps = float(epsilon)
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+        # e^eps / (1 + e^eps) = 1 / (1 + e^-eps): no overflow for large epsilon.
+        return cls(2.0 * float(ndtri(1.0 / (1.0 + math.exp(-eps)))), eps, 0.0)
+
     def to_dict(self) -> dict[str, float]:
         return {"mu": self.mu, "epsilon": self.epsilon, "delta": self.delta}
 

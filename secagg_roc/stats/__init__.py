@@ -10,6 +10,8 @@ from . import sensitivity  # noqa: F401  (registers the ``sensitivity`` plan)
 from .bootstrap import bootstrap_ci
 from .bootstrap_result import BootstrapResult
 from .calibration import BrierScore, brier_score, calibration_curve, log_loss
+from .histogram import ScoreHistogram
+from .histogram_plan import score_histogram
 from .glm import (
     AliasedWarning,
     ConvergenceWarning,
@@ -47,6 +49,7 @@ __all__ = [
     "RocCoords",
     "RocGlmResult",
     "RocTest",
+    "ScoreHistogram",
     "SeparationWarning",
     "average_precision",
     "binormal_auc",
@@ -58,6 +61,7 @@ __all__ = [
     "fit_glm",
     "log_loss",
     "partial_auc",
+    "score_histogram",
     "precision_recall_curve",
     "roc_glm",
     "roc_test",

@@ -1,0 +1,127 @@
+"""Score histograms: Federated exactness against scikit-learn, the metrics, DP models, and attacks on them."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sklearn.isotonic import IsotonicRegression
+from sklearn.metrics import average_precision_score, precision_recall_curve, roc_auc_score, roc_curve
+
+import secagg_roc as sr
+from secagg_roc.stats.histogram import ScoreHistogram, bucket_index, equal_width_edges
+
+ANALYSES = ("score_histogram", "secure_auc")
+
+
+def grid_study(rng, sizes, bins=1000, decimals=3, **policy):
+    """Sites whose scores lie on a grid of `10**decimals` values, one value per bucket."""
+    data, ys, ss = {}, [], []
+    for k, n in enumerate(sizes):
+        y = np.r_[0, 1, rng.integers(0, 2, n - 2)]
+        s = np.clip(np.round(rng.normal(0.45 + 0.15 * y, 0.2), decimals), 0, 1 - 10.0 ** -decimals)
+        data[f"h{k}"] = {"y": y, "p": s}
+        ys.append(y)
+        ss.append(s)
+    pol = sr.Policy(analyses=ANALYSES, histogram_bins=bins, **{"min_cell_count": 1, **policy})
+    return sr.Study.local(data, policy=pol), np.concatenate(ys), np.concatenate(ss)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), sites=st.integers(2, 5), decimals=st.sampled_from([2, 3, 4]))
+def test_federated_auc_and_ap_equal_sklearn_on_a_grid(seed, sites, decimals):
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(5, 60, sites)
+    study, y, s = grid_study(rng, sizes, bins=10**decimals, decimals=decimals)
+    h = sr.score_histogram(study, label="y", score="p", bins=10**decimals, privacy="federated")
+    assert h.exact and h.n_records == y.size
+    assert h.auc() == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert h.average_precision() == pytest.approx(average_precision_score(y, s), abs=1e-12)
+    # The curves are scikit-learn's (without its drop_intermediate thinning).
+    fpr, tpr, thr = h.roc_curve()
+    f2, t2, th2 = roc_curve(y, s, drop_intermediate=False)
+    np.testing.assert_allclose(fpr, f2, atol=1e-12)
+    np.testing.assert_allclose(tpr, t2, atol=1e-12)
+    np.testing.assert_allclose(thr[1:], th2[1:], atol=10.0 ** -decimals / 2 + 1e-9)  # a bucket's lower edge
+    prec, rec, _ = h.precision_recall_curve()
+    p2, r2, _ = precision_recall_curve(y, s)
+    np.testing.assert_allclose(prec, p2, atol=1e-12)
+    np.testing.assert_allclose(rec, r2, atol=1e-12)
+
+
+def test_scores_on_grid_land_in_their_own_bucket():
+    for decimals in (2, 4, 6):
+        b = 10**decimals
+        k = np.arange(b)
+        np.testing.assert_array_equal(bucket_index(np.round(k / b, decimals), 0.0, 1.0, b), k)
+
+
+def test_at_threshold_and_calibration_metrics_against_direct_computation():
+    rng = np.random.default_rng(3)
+    study, y, s = grid_study(rng, [150, 200, 120], bins=100, decimals=2)
+    h = sr.score_histogram(study, label="y", score="p", privacy="federated")  # the policy's 100 buckets
+    for t in (0.2, 0.5, 0.73):
+        got = h.at_threshold(t)
+        pred = s >= t - 1e-12
+        tp, fp = np.sum(pred & (y == 1)), np.sum(pred & (y == 0))
+        assert got["threshold"] == pytest.approx(t)
+        assert got["precision"] == pytest.approx(tp / (tp + fp))
+        assert got["recall"] == pytest.approx(tp / y.sum())
+        assert got["accuracy"] == pytest.approx(np.mean(pred == (y == 1)))
+        assert got["f1"] == pytest.approx(2 * tp / (2 * tp + fp + (y.sum() - tp)))
+    # ECE over 10 groups of 10 buckets: the predictions are bucket midpoints, s + 0.005.
+    idx = np.minimum((s * 10 + 1e-9).astype(int), 9)
+    ece = sum(np.sum(idx == b) * abs(y[idx == b].mean() - (s[idx == b] + 0.005).mean()) for b in range(10)
+              if np.any(idx == b)) / y.size
+    assert h.ece(bins=10) == pytest.approx(ece, abs=1e-12)
+    # Isotonic regression on the binned counts is scikit-learn's on the records (same scores within a bucket).
+    mids, fit = h.isotonic()
+    iso = IsotonicRegression().fit(s, y)
+    np.testing.assert_allclose(fit, iso.predict(mids - 0.005), atol=1e-12)
+    edges, freq = h.calibration_map()
+    assert edges.size == 101 and np.nanmax(freq) <= 1.0
+    assert h.calibrate([0.555])[0] == pytest.approx(y[np.isclose(s, 0.55)].mean())
+
+
+def test_auc_error_shrinks_like_one_over_b_squared():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 20000)
+    s = 1 / (1 + np.exp(-rng.normal(1.2 * y - 0.6, 1.0)))
+    exact = roc_auc_score(y, s)
+    errors = []
+    for b in (4, 16, 64):
+        idx = bucket_index(s, 0, 1, b)
+        h = ScoreHistogram(equal_width_edges(0, 1, b), np.bincount(idx[y == 0], minlength=b),
+                           np.bincount(idx[y == 1], minlength=b))
+        errors.append(abs(h.auc() - exact))
+    assert errors[1] < errors[0] / 8 and errors[2] < errors[1] / 8
+
+
+def test_small_cells_are_withheld_under_the_default_minimum_cell_count():
+    rng = np.random.default_rng(5)
+    study, y, s = grid_study(rng, [80, 80, 80], bins=1000, min_cell_count=5)
+    h = sr.score_histogram(study, label="y", score="p")
+    # Every released cell holds 0 or at least 5 records per site, so fine cells of single records are gone.
+    assert not h.exact and h.withheld > 0
+    released = h.negatives + h.positives
+    assert np.all((released == 0) | (released >= 5))
+    coarse = sr.score_histogram(study, label="y", score="p", bins=10)  # a coarsening of the policy's grid
+    assert coarse.withheld < h.withheld
+
+
+def test_bins_must_be_the_policy_grid_or_a_divisor():
+    rng = np.random.default_rng(6)
+    study, _, _ = grid_study(rng, [30, 30], bins=1000)
+    with pytest.raises(sr.PolicyError, match="histogram_bins"):
+        sr.score_histogram(study, label="y", score="p", bins=999)  # crossing grids could be differenced
+    with pytest.raises(sr.PolicyError, match="histogram_bins"):
+        sr.score_histogram(study, label="y", score="p", bins=2**20)
+    with pytest.raises(sr.PolicyError):
+        sr.Policy(histogram_bins=2**20 + 1)
+    assert sr.score_histogram(study, label="y", score="p", bins=250).bins == 250
+
+
+def test_histogram_analysis_must_be_allowed_by_the_policy():
+    study = sr.Study.local({"a": {"y": np.r_[0, 1] * 1, "p": np.r_[0.1, 0.9]},
+                            "b": {"y": np.r_[0, 1] * 1, "p": np.r_[0.1, 0.9]}})
+    with pytest.raises(sr.PolicyError, match="not allowed"):
+        sr.score_histogram(study, label="y", score="p")
