@@ -44,7 +44,9 @@ from .stats import (
     roc_glm,
     roc_test,
     ScoreHistogram,
+    SecureAuc,
     score_histogram,
+    secure_auc,
 )
 from .study import LocalStudy, Study, Totals
 
@@ -90,5 +92,7 @@ __all__ = [
     "pooled",
     "roc_glm",
     "ScoreHistogram",
+    "SecureAuc",
     "score_histogram",
+    "secure_auc",
 ]

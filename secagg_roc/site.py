@@ -320,6 +320,16 @@ class Site:
 
     # -- releases coming back -----------------------------------------------------------
 
+    def receive_value(self, release) -> None:
+        """Take the one value the aggregators computed on a kept round (an `mpc.messages.AucRelease`) into
+        this site's copy of the run. Run by the Site; it learns what the analyst learns."""
+        number = release.round_id.number
+        answered = self.answered.get(number)
+        if answered is None or release.round_id != answered.query.round_id:
+            raise MessageError(f"site {self.name!r}: a release for round {number}, which this site did not answer")
+        self.runs.on_release(answered.run, answered.step, float(release.value))
+        del self.answered[number]
+
     def receive_release(self, shares: list[AggregateShare] | list[ForwardedShares]) -> None:
         """Take a round's release from the aggregators' shares into this site's copy of the run.
 

@@ -12,6 +12,7 @@ from .bootstrap_result import BootstrapResult
 from .calibration import BrierScore, brier_score, calibration_curve, log_loss
 from .histogram import ScoreHistogram
 from .histogram_plan import score_histogram
+from .secure_auc import SecureAuc, secure_auc
 from .glm import (
     AliasedWarning,
     ConvergenceWarning,
@@ -50,6 +51,7 @@ __all__ = [
     "RocGlmResult",
     "RocTest",
     "ScoreHistogram",
+    "SecureAuc",
     "SeparationWarning",
     "average_precision",
     "binormal_auc",
@@ -62,6 +64,7 @@ __all__ = [
     "log_loss",
     "partial_auc",
     "score_histogram",
+    "secure_auc",
     "precision_recall_curve",
     "roc_glm",
     "roc_test",
