@@ -131,3 +131,25 @@ def test_blinding_reveals_only_the_ratio():
     for num, den in ((3, 4), (6, 8), (2**62 - 1, 2**62)):
         r = secrets.randbelow(P - 1) + 1
         assert auc_from_blinded(r * num % P, r * den % P) == num / den
+
+
+def test_every_message_is_listed_in_the_protocol_specs():
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "protocols"
+
+    def role(party, sites):
+        return "analyst" if party == "analyst" else "aggregator" if party.startswith("aggregator-") else "site"
+
+    rng = np.random.default_rng(8)
+    for name, run in (("secure-auc", lambda s: sr.secure_auc(s, label="y", score="p")),
+                      ("score-histograms", lambda s: sr.score_histogram(s, label="y", score="p"))):
+        spec = tomllib.loads((root / f"{name}.toml").read_text())
+        study, _, _ = make_study(rng, [40, 50, 60], n_aggregators=3, transcripts=True)
+        run(study)
+        fed = study.federation
+        seen = {(role(e.sender, fed.sites), role(party, fed.sites), e.kind)
+                for party, t in fed.transcripts.items() for e in t}
+        listed = {(m["sender"], m["receiver"], m["kind"]) for m in spec["messages"]}
+        assert seen and not seen - listed, (name, sorted(seen - listed))
