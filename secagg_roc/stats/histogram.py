@@ -17,9 +17,12 @@ Analyst:
   prediction (the scores inside a bucket are not released).
 
 Under a DP privacy model the counts are noisy (DistDP) or debiased estimates
-(LocalDP): they may be negative or fractional, and are clipped at 0 before a
-metric is computed (post-processing). `noise` describes the noise so that
-error bars can be drawn by simulation from the same public distribution.
+(LocalDP): unbiased, possibly negative or fractional. Metrics use them as they
+are: clipping at 0 would be post-processing too, but it adds mass to every
+sparse bucket and pulls the AUC towards 1/2 (at epsilon = 0.5 and 4 records a
+bucket, from 0.78 to 0.58); so a DP curve may be non-monotone. `noise`
+describes the noise so that error bars can be drawn by simulation from the
+same public distribution.
 """
 
 from __future__ import annotations
@@ -64,8 +67,8 @@ class ScoreHistogram:
         return self.edges.size - 1
 
     def _counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """The counts a metric uses: non-negative (noisy estimates clipped at 0, post-processing)."""
-        return np.clip(self.negatives, 0.0, None), np.clip(self.positives, 0.0, None)
+        """The counts a metric uses: as released (DP estimates unbiased, so not clipped; see the module)."""
+        return self.negatives, self.positives
 
     @property
     def n_negative(self) -> float:
@@ -107,7 +110,7 @@ class ScoreHistogram:
         per non-empty bucket (its lower edge), descending thresholds, to (1, 1)."""
         neg, pos = self._counts()
         tp, fp = self._cumulative()
-        keep = np.nonzero((neg + pos) > 0)[0][::-1]
+        keep = np.nonzero((neg != 0) | (pos != 0))[0][::-1]
         p, n = max(pos.sum(), 1e-300), max(neg.sum(), 1e-300)
         return (np.r_[0.0, fp[keep] / n], np.r_[0.0, tp[keep] / p], np.r_[np.inf, self.edges[keep]])
 
@@ -116,7 +119,7 @@ class ScoreHistogram:
         non-empty buckets' lower edges) increasing, the last precision 1 and recall 0 without threshold."""
         neg, pos = self._counts()
         tp, fp = self._cumulative()
-        keep = np.nonzero((neg + pos) > 0)[0]
+        keep = np.nonzero((neg != 0) | (pos != 0))[0]
         with np.errstate(invalid="ignore", divide="ignore"):
             precision = np.where(tp[keep] + fp[keep] > 0, tp[keep] / (tp[keep] + fp[keep]), 1.0)
         recall = tp[keep] / max(pos.sum(), 1e-300)
@@ -130,8 +133,10 @@ class ScoreHistogram:
         p = pos.sum()
         if not p > 0:
             return float("nan")
-        has = pos > 0
-        return float(np.sum(pos[has] / p * (tp[has] / (tp[has] + fp[has]))))
+        has = pos != 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            prec = np.where(tp[has] + fp[has] > 0, tp[has] / (tp[has] + fp[has]), 1.0)
+        return float(np.sum(pos[has] / p * prec))
 
     def at_threshold(self, t: float) -> dict[str, float]:
         """Precision, recall (sensitivity), specificity, accuracy and F1 calling positive the buckets whose
