@@ -104,8 +104,10 @@ def test_small_cells_are_withheld_under_the_default_minimum_cell_count():
     assert not h.exact and h.withheld > 0
     released = h.negatives + h.positives
     assert np.all((released == 0) | (released >= 5))
-    coarse = sr.score_histogram(study, label="y", score="p", bins=10)  # a coarsening of the policy's grid
-    assert coarse.withheld < h.withheld
+    # Per calibration bin (the buckets nest in the policy's 10 bins) the withheld records are 0 or >= 5 at
+    # each site, so a calibration curve minus this histogram gives back no small cell either.
+    with pytest.raises(sr.PolicyError, match="grid"):
+        sr.score_histogram(study, label="y", score="p", bins=10)  # coarse minus fine = the withheld cells
 
 
 def test_bins_must_be_the_policy_grid_or_a_divisor():
@@ -117,7 +119,8 @@ def test_bins_must_be_the_policy_grid_or_a_divisor():
         sr.score_histogram(study, label="y", score="p", bins=2**20)
     with pytest.raises(sr.PolicyError):
         sr.Policy(histogram_bins=2**20 + 1)
-    assert sr.score_histogram(study, label="y", score="p", bins=250).bins == 250
+    with pytest.raises(sr.PolicyError, match="grid"):
+        sr.score_histogram(study, label="y", score="p", bins=250)  # exact histograms: the policy's grid only
 
 
 def test_histogram_analysis_must_be_allowed_by_the_policy():
@@ -226,3 +229,30 @@ def test_readme_histogram_example_runs():
     text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     block = re.search(r"## Score histograms and an AUC.*?```python\n(.*?)```", text, re.S).group(1)
     exec(compile(block, "README", "exec"), {})
+
+
+def test_attack_fine_grid_over_a_tiny_site_isolates_no_record():
+    # The analyst's best case: the finest grid the policy may fix, and a site of 6 records.
+    rng = np.random.default_rng(9)
+    tiny = {"y": np.r_[0, 0, 0, 1, 1, 1], "p": np.r_[0.1, 0.3, 0.5, 0.6, 0.7, 0.9]}
+    big = {"y": rng.integers(0, 2, 400), "p": rng.random(400)}
+    big["y"][:2] = [0, 1]
+    pol = sr.Policy(analyses=ANALYSES, histogram_bins=2**20, min_cell_count=3)
+    study = sr.Study.local({"tiny": tiny, "big": big}, policy=pol)
+    h = sr.score_histogram(study, label="y", score="p")
+    released = h.negatives + h.positives
+    assert np.all((released == 0) | (released >= 3))  # every record alone in its bucket: all withheld
+    assert h.withheld == 406 and h.n_positive == 0
+    # The secure AUC over the same grid is exact and reveals one number only.
+    auc = sr.secure_auc(study, label="y", score="p")
+    y = np.r_[tiny["y"], big["y"]]
+    assert auc == pytest.approx(roc_auc_score(y, np.r_[tiny["p"], big["p"]]), abs=1e-12)
+
+
+def test_attack_a_site_below_the_minimum_cell_count_does_not_join():
+    small = {"y": np.r_[0, 1], "p": np.r_[0.2, 0.8]}
+    other = {"y": np.r_[0] * 3 + np.r_[0, 0, 0, 1, 1, 1][:6], "p": np.linspace(0.1, 0.9, 6)}
+    study = sr.Study.local({"a": small, "b": other, "c": dict(other)},
+                           policy=sr.Policy(analyses=ANALYSES, min_cell_count=3, min_sites=3))
+    with pytest.raises((sr.PolicyError, sr.SiteQueryError, sr.PrivacyError)):
+        sr.score_histogram(study, label="y", score="p")

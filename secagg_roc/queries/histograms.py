@@ -8,7 +8,10 @@ clipped to it). How they are protected:
   bucket is a row of the bucket x label table, so the site withholds (sends
   zeros for) the buckets where it holds 1..min_cell-1 records, cases or
   controls, and then further buckets until what it withholds is 0 or at least
-  ``min_cell`` (`stats.binning.released_cells`, as the calibration curve does).
+  ``min_cell`` (`stats.binning.released_cells`, as the calibration curve does),
+  within each of ``groups`` runs of adjacent buckets (the calibration bins the
+  buckets nest in, so that a calibration bin minus the histogram's released
+  buckets inside it gives back no small cell).
 * ``histogram.distdp`` (DistDP): exact counts plus this site's Pólya share of
   discrete Laplace noise (`dp.discrete`), summed securely: only the noisy
   total exists anywhere. Charged to the site's budget, drawn once (a repeat is
@@ -66,8 +69,12 @@ def dp_charge(params: dict[str, Any]) -> Charge:
 def exact_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Federated: exact bucket counts, small cells withheld at the site (see the module docstring)."""
     neg, pos, n = class_counts(site, params)
-    min_cell = param(site, params, "min_cell", int)
-    keep = released_cells(neg + pos, min_cell, positives=pos)
+    min_cell, groups = param(site, params, "min_cell", int), param(site, params, "groups", int)
+    if groups < 1 or neg.size % groups:
+        raise site.fail(f"groups must divide the {neg.size} buckets, got {groups}")
+    # The withheld records of each group (a calibration bin, when the grids nest) are 0 or >= min_cell.
+    keep = np.concatenate([released_cells(n, min_cell, positives=p)
+                           for n, p in zip(np.split(neg + pos, groups), np.split(pos, groups))])
     return QueryResult({"negative": np.where(keep, neg, 0), "positive": np.where(keep, pos, 0)}, records=n)
 
 

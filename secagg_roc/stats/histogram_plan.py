@@ -5,9 +5,10 @@ the policy's equal-width grid of the score range (``histogram_bins``, or a
 divisor of it the analyst asks for) under one of three privacy models
 (`queries.histograms`):
 
-* ``"federated"``: exact counts, securely summed; small cells withheld at each
-  site under the policy's ``min_cell_count`` (so the histogram is exact where
-  no site holds a small cell, and always when ``min_cell_count = 1``);
+* ``"federated"``: exact counts, securely summed, on the policy's grid only;
+  small cells withheld at each site under the policy's ``min_cell_count`` (so
+  the histogram is exact where no site holds a small cell, and always when
+  ``min_cell_count = 1``);
 * ``"distdp"``: each site adds a Pólya share of discrete Laplace noise, the
   total is epsilon-DP (pure), charged to every contributing site;
 * ``"localdp"``: each record's cell is randomized by optimal unary encoding
@@ -15,8 +16,10 @@ divisor of it the analyst asks for) under one of three privacy models
 
 Why the grid is the policy's: two histograms over crossing grids could be
 differenced into cells narrower than either (and so below the minimum cell
-count); a divisor of the policy's grid is a union of its buckets and reveals
-nothing the finest grid does not.
+count). A divisor of the policy's grid is a union of its buckets: for the DP
+models it reveals nothing the finest grid would not, but an exact coarse
+histogram minus the exact fine one gives back what the fine one withheld, so
+Federated histograms use the policy's grid itself.
 """
 
 from __future__ import annotations
@@ -68,9 +71,29 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     if out["privacy"] == "federated":
         if args.get("epsilon") is not None:
             raise ValueError("epsilon applies to the DP privacy models ('distdp', 'localdp') only")
+        if out["bins"] != policy.histogram_bins:
+            # A coarse bucket minus the released fine buckets inside it would give back the records the
+            # fine histogram withheld there: exact histograms come on the policy's grid only.
+            raise PolicyError(
+                f"policy: exact (federated) score histograms use the study's grid of histogram_bins = "
+                f"{policy.histogram_bins} buckets only; {out['bins']} were asked for (a coarser exact histogram "
+                "minus the finer one would give back the records withheld from small cells)"
+            )
         return out
     out["epsilon"] = policy.check_pure_dp(args.get("epsilon"))
     return out
+
+
+def suppression_groups(policy: Policy, bins: int) -> int:
+    """Groups of adjacent buckets within which a site keeps its withheld records 0 or >= min_cell_count.
+
+    When the histogram's buckets nest in the calibration curve's bins (uniform strategy, score range
+    [0, 1], histogram_bins a multiple of calibration_bins), a calibration bin minus the released buckets
+    inside it must not give back fewer than min_cell_count withheld records: the rule then holds per bin.
+    """
+    nested = (policy.calibration_strategy == "uniform" and tuple(policy.score_range) == (0.0, 1.0)
+              and bins % policy.calibration_bins == 0)
+    return policy.calibration_bins if nested else 1
 
 
 def _min_records(policy: Policy) -> int:
@@ -87,6 +110,7 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
     privacy = args["privacy"]
     if privacy == "federated":
         params["min_cell"] = policy.min_cell_count
+        params["groups"] = suppression_groups(policy, args["bins"])
     else:
         params["epsilon"] = args["epsilon"]
     if privacy == "distdp":
