@@ -256,3 +256,19 @@ def test_attack_a_site_below_the_minimum_cell_count_does_not_join():
                            policy=sr.Policy(analyses=ANALYSES, min_cell_count=3, min_sites=3))
     with pytest.raises((sr.PolicyError, sr.SiteQueryError, sr.PrivacyError)):
         sr.score_histogram(study, label="y", score="p")
+
+
+def test_equi_depth_buckets_from_a_dp_quantile_round():
+    rng = np.random.default_rng(13)
+    study, y, s = dp_study(rng, 3, 300, epsilon=2.0, budget=10.0, bins=1000)
+    h = sr.score_histogram(study, label="y", score="p", bins=10, privacy="distdp", strategy="quantile")
+    # Edges from the DP scores' quantiles: about a tenth of the records in each bucket (plus Laplace noise).
+    assert h.bins == 10 and not np.allclose(np.diff(h.edges), 0.1)
+    counts = h.negatives + h.positives
+    assert np.all(np.abs(counts - y.size / 10) < 45)
+    assert abs(h.auc() - roc_auc_score(y, s)) < 0.05
+    # The scores' release is the ROC-GLM's: one Gaussian charge besides the histogram's pure one.
+    spent = study.ledger("h0").spent()
+    assert spent.releases == 2 and spent.pure_epsilon == pytest.approx(2.0)
+    with pytest.raises(sr.PolicyError, match="grid"):
+        sr.score_histogram(study, label="y", score="p", strategy="quantile")  # exact: would cross the grid

@@ -49,7 +49,14 @@ def class_counts(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np
     if not 1 <= bins <= MAX_HISTOGRAM_BINS:
         raise site.fail(f"bins must be between 1 and {MAX_HISTOGRAM_BINS}, got {bins}")
     lo, hi = score_range(site, params)
-    idx = bucket_index(s, lo, hi, bins)
+    edges = params.get("edges")
+    if edges is None:
+        idx = bucket_index(s, lo, hi, bins)
+    else:  # equi-depth: the plan's edges, derived by every site from the scores' DP release
+        e = np.asarray(edges, dtype=float) if isinstance(edges, list) else None
+        if e is None or e.shape != (bins + 1,) or not np.all(np.isfinite(e)) or np.any(np.diff(e) < 0):
+            raise site.fail(f"edges must be {bins + 1} finite non-decreasing numbers")
+        idx = np.clip(np.searchsorted(e, s, side="right") - 1, 0, bins - 1)
     return (np.bincount(idx[y == 0], minlength=bins), np.bincount(idx[y == 1], minlength=bins), int(y.size))
 
 

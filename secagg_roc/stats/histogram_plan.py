@@ -30,13 +30,18 @@ import numpy as np
 
 from ..dp.discrete import discrete_laplace, discrete_laplace_variance, oue_debias, oue_probabilities, oue_report_sum
 from ..errors import PolicyError
-from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
+from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
+from .binning import quantile_edges
+from .calibration import _quantile_release
 from .histogram import ScoreHistogram, equal_width_edges
 from .roc_release import array_name, check_score_range
 
 if TYPE_CHECKING:
     from ..study import Study
+
+#: Equi-depth edges travel in the round's parameters: at most this many buckets.
+MAX_QUANTILE_BINS = 10_000
 
 PRIVACY = {"federated": "histogram.counts", "distdp": "histogram.distdp", "localdp": "histogram.localdp"}
 
@@ -71,6 +76,9 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     if out["privacy"] == "federated":
         if args.get("epsilon") is not None:
             raise ValueError("epsilon applies to the DP privacy models ('distdp', 'localdp') only")
+        if args.get("strategy", "uniform") != "uniform":
+            raise PolicyError("policy: exact (federated) score histograms use the study's equal-width grid only; "
+                              "equi-depth edges would cross it (use a DP privacy model)")
         if out["bins"] != policy.histogram_bins:
             # A coarse bucket minus the released fine buckets inside it would give back the records the
             # fine histogram withheld there: exact histograms come on the policy's grid only.
@@ -81,6 +89,16 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
             )
         return out
     out["epsilon"] = policy.check_pure_dp(args.get("epsilon"))
+    strategy = args.get("strategy", "uniform")
+    if strategy not in ("uniform", "quantile"):
+        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+    if strategy == "quantile":
+        if out["bins"] > MAX_QUANTILE_BINS:
+            raise ValueError(f"equi-depth histograms take at most {MAX_QUANTILE_BINS} buckets (their edges travel)")
+        if policy.allow_dropouts:
+            # Another contributor set would give other edges, and overlapping buckets could be differenced.
+            raise PolicyError("policy: equi-depth histograms need every site in every run; this policy allows dropouts")
+        out["strategy"] = "quantile"  # uniform runs keep the arguments they always had
     return out
 
 
@@ -97,7 +115,8 @@ def suppression_groups(policy: Policy, bins: int) -> int:
 
 
 def _min_records(policy: Policy) -> int:
-    return policy.min_cell_count
+    # Under a DP policy an equi-depth histogram starts with the per-site score release, which needs q records.
+    return max(policy.min_cell_count, policy.privacy_level) if policy.dp is not None else policy.min_cell_count
 
 
 @plan("score_histogram", declare=_declare, uses=label_score_uses, min_records=_min_records)
@@ -115,10 +134,17 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
         params["epsilon"] = args["epsilon"]
     if privacy == "distdp":
         params["sites"] = len(ctx.run.contributors)  # each site's share of the noise is 1/M of it
+    edges = equal_width_edges(lo, hi, args["bins"])
+    if args.get("strategy") == "quantile":
+        # Equi-depth: edges from the quantiles of the scores' DP release at the policy's own parameters (the
+        # ROC-GLM's, replayed from each site's ledger on repeat), so every run of the study buckets alike.
+        released = yield Step("rocglm.scores", _quantile_release(policy, args["label"], args["score"]))
+        pooled = np.concatenate([pooled_samples(released, "negative"), pooled_samples(released, "positive")])
+        edges = quantile_edges(pooled, args["bins"], lo, hi)
+        params["edges"] = [float(e) for e in edges]
     tot = yield Step(PRIVACY[privacy], params)
     neg = np.asarray(tot["negative"]).astype(np.int64).reshape(-1)
     pos = np.asarray(tot["positive"]).astype(np.int64).reshape(-1)
-    edges = equal_width_edges(lo, hi, args["bins"])
     records = int(tot.records)
     common = dict(privacy=privacy, n_records=records, contributors=ctx.run.contributors)
     if privacy == "federated":
@@ -147,13 +173,18 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
 
 
 def score_histogram(study: "Study", label: str, score: str, bins: int | None = None, privacy: str = "federated",
-                    *, epsilon: float | None = None) -> ScoreHistogram:
+                    *, epsilon: float | None = None, strategy: str = "uniform") -> ScoreHistogram:
     """Per-class score histogram over the sites (see the module docstring); its metrics are post-processing.
 
     `bins`: the policy's ``histogram_bins`` (default) or a divisor of it.
     `privacy`: "federated" (exact totals, small cells withheld at each site),
     "distdp" or "localdp" (epsilon-DP, `epsilon` at most the policy's
     ``dp.epsilon``, its default; charged to every contributing site's budget).
+    `strategy`: "uniform" (equal-width) or, for the DP models, "quantile"
+    (equi-depth: edges from the quantiles of the scores' DP release at the
+    policy's parameters, a first round charged as the ROC-GLM's and shared with it).
     """
-    return run_analysis(study, "score_histogram", {"label": label, "score": score, "bins": bins,
-                                                   "privacy": privacy, "epsilon": epsilon})
+    args = {"label": label, "score": score, "bins": bins, "privacy": privacy, "epsilon": epsilon}
+    if strategy != "uniform":
+        args["strategy"] = strategy
+    return run_analysis(study, "score_histogram", args)
