@@ -20,6 +20,7 @@ from .errors import (
     SiteQueryError,
 )
 from .federation import LocalFederation
+from .mpc import messages as _mpc_messages  # noqa: F401  (registers the joint computation's message kinds)
 from .ledger import Ledger
 from .policy import DPPolicy, Policy
 from .ring import Encoding, FixedPoint
