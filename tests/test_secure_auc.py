@@ -153,3 +153,12 @@ def test_every_message_is_listed_in_the_protocol_specs():
                 for party, t in fed.transcripts.items() for e in t}
         listed = {(m["sender"], m["receiver"], m["kind"]) for m in spec["messages"]}
         assert seen and not seen - listed, (name, sorted(seen - listed))
+
+
+def test_the_trusted_host_baseline_says_so():
+    rng = np.random.default_rng(10)
+    data = {f"h{k}": {"y": np.r_[0, 1, rng.integers(0, 2, 30)], "p": rng.random(32)} for k in range(2)}
+    study = sr.Study.local(data, policy=sr.Policy(analyses=("secure_auc", "score_histogram"), min_cell_count=1),
+                           scheme="plaintext")
+    assert sr.secure_auc(study, label="y", score="p").mode == "trusted host"
+    assert sr.score_histogram(study, label="y", score="p").mode == "trusted host"

@@ -51,6 +51,8 @@ class ScoreHistogram:
     #: Draws one noisy copy of given true counts (for error bars); None for Federated.
     noise: Callable[[np.ndarray, np.ndarray, np.random.Generator], tuple[np.ndarray, np.ndarray]] | None = field(
         default=None, repr=False)
+    #: "distributed", or "trusted host" for the plaintext baseline (one host saw every site's counts).
+    mode: str = "distributed"
 
     def __post_init__(self) -> None:
         self.edges = np.asarray(self.edges, dtype=float)
@@ -59,6 +61,10 @@ class ScoreHistogram:
         b = self.edges.size - 1
         if b < 1 or self.negatives.shape != (b,) or self.positives.shape != (b,):
             raise ValueError("a histogram needs B + 1 edges and B counts per class")
+
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (not private)."""
+        self.mode = "trusted host"
 
     # -- counts ------------------------------------------------------------------------
 
@@ -222,7 +228,7 @@ class ScoreHistogram:
         return float(value - hi), float(value - lo)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bins": self.bins, "privacy": self.privacy, "n_records": self.n_records, "withheld": self.withheld,
+        return {"bins": self.bins, "privacy": self.privacy, "mode": self.mode, "n_records": self.n_records, "withheld": self.withheld,
                 "auc": self.auc(), "average_precision": self.average_precision(), "dp": self.dp,
                 "contributors": None if self.contributors is None else list(self.contributors)}
 

@@ -36,11 +36,17 @@ class SecureAuc(float):
     n_records: int
     contributors: tuple[str, ...]
     bins: int
+    mode: str
 
     def __new__(cls, value: float, n_records: int, contributors: tuple[str, ...], bins: int) -> "SecureAuc":
         out = super().__new__(cls, value)
         out.n_records, out.contributors, out.bins = int(n_records), tuple(contributors), int(bins)
+        out.mode = "distributed"
         return out
+
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (one host saw the histograms)."""
+        self.mode = "trusted host"
 
 
 def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
