@@ -21,6 +21,7 @@ from .errors import (
     SiteQueryError,
 )
 from .federation import LocalFederation
+from .mpc import messages as _mpc_messages  # noqa: F401  (registers the joint computation's message kinds)
 from .ledger import Ledger
 from .policy import DPPolicy, Policy
 from .ring import Encoding, FixedPoint
@@ -44,6 +45,10 @@ from .stats import (
     precision_recall_curve,
     roc_glm,
     roc_test,
+    ScoreHistogram,
+    SecureAuc,
+    score_histogram,
+    secure_auc,
 )
 from .study import LocalStudy, Study, Totals
 
@@ -89,4 +94,8 @@ __all__ = [
     "fit_glm",
     "pooled",
     "roc_glm",
+    "ScoreHistogram",
+    "SecureAuc",
+    "score_histogram",
+    "secure_auc",
 ]

@@ -26,7 +26,7 @@ from .messages import (
     StatusRequest,
     check_name,
 )
-from .queries import query_digest
+from .queries import QUERIES, query_digest
 from .round import (  # noqa: F401  (importable from here too)
     MAX_RECORDS,
     NOT_COUNTED,
@@ -52,8 +52,14 @@ class Aggregator:
         retain_released: int = 8,
         retain_bytes: int = 256 << 20,
         buffers: BufferPool | None = None,
+        mpc: bool = False,
     ):
         self.study = check_name(study, "study id")
+        #: Whether this aggregator takes part in joint computations on kept sums (the secure AUC): only
+        #: an aggregator that does opens such rounds, so no other could ever release their totals.
+        self.mpc = mpc
+        #: Round number -> this aggregator's share of a kept sum, until the joint computation takes it.
+        self.kept: dict[int, AggregateShare] = {}
         # Released shares are kept for idempotent re-delivery, but only for the last
         # few rounds: a long study must not hold every aggregate in memory.
         self.retain_released = retain_released
@@ -94,6 +100,10 @@ class Aggregator:
             if existing.round_id != rid:
                 raise RoundError(f"round {rid.number} of {rid.study!r} is already open for a different query")
             return existing.status()
+        spec = QUERIES.get(query.name)
+        if spec is not None and spec.release == "mpc" and not self.mpc:
+            raise RoundError(f"round {rid.number}: query {query.name!r} is computed on by the aggregators jointly, "
+                             "which this aggregator does not do; it opens no such round")
         if self.open_rounds() >= self.max_open_rounds:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
         self.runbook.check_open(query, lambda n: n in self.rounds and self.rounds[n].released_over is not None)
@@ -152,7 +162,20 @@ class Aggregator:
                 old = self.rounds[self._release_order.pop(0)]
                 self._retained_bytes -= _release_bytes(old.released)
                 old.forget()
+        spec = QUERIES.get(r.query.name)
+        if spec is not None and spec.release == "mpc":
+            # A kept sum: the share stays here for the joint computation, however often the close is asked.
+            if r.round_id.number not in self.kept and r.released is not None:
+                self.kept[r.round_id.number] = share  # type: ignore[assignment]
+            return RoundStatus(r.round_id, agreed, True)  # type: ignore[return-value]
         return share
+
+    def take_kept(self, number: int) -> AggregateShare:
+        """This aggregator's share of kept round `number`, handed to the joint computation once."""
+        try:
+            return self.kept.pop(number)
+        except KeyError:
+            raise RoundError(f"round {number}: no kept sum at {self.name} (never closed, or computed on already)") from None
 
     def handle(self, message: Message) -> Message:
         """Apply one message and return the reply. Errors raise; state is unchanged by them."""

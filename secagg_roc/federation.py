@@ -105,7 +105,7 @@ class LocalFederation:
             # retain_released=1: the in-process analyst never asks for a release again.
             Aggregator(
                 self.study_id, j, self.policy, self.scheme,
-                max_open_rounds=max_open_rounds, retain_released=1, buffers=self.buffers,
+                max_open_rounds=max_open_rounds, retain_released=1, buffers=self.buffers, mpc=True,
             )
             for j in range(self.scheme.n_aggregators)
         ]
@@ -230,6 +230,37 @@ class LocalFederation:
         query = self._query(name, params, None)
         return combine_forwarded(self._run_round(query, sites), self.scheme)
 
+    def run_mpc(self, sites: Mapping[str, Site], name: str, params: Mapping[str, Any] | None, *,
+                frac_bits: int | None = None) -> float:
+        """Run one round of kept query `name` (``release="mpc"``) and the aggregators' secure AUC on it.
+
+        The sites answer as in any round; the aggregators close it and keep their shares (the analyst gets a
+        status, never a share); they compute the AUC jointly (`mpc.embedded`), and aggregator 0 sends the
+        analyst and every contributing site one `AucRelease`: the AUC and nothing else.
+        """
+        from .mpc.embedded import secure_auc_round
+        from .mpc.messages import AucRelease
+
+        query = self._query(name, params, frac_bits)
+        params = query.params
+        run = params.get("run") if isinstance(params.get("run"), str) else None
+        members = self._members.get(run) if run is not None else None
+        self._open(query)
+        with self._abandoned_on_failure(query):
+            refusals = self._collect(query, sorted(sites) if members is None else list(members),
+                                     lambda site: sites[site].answer(query))
+            if refusals:
+                raise next(iter(refusals.values()))
+            contributors = self._agree(query)
+            self._close(query, contributors)  # each aggregator keeps its share and replies with a status
+        kept = [agg.take_kept(query.round_id.number) for agg in self.aggregators]
+        value = secure_auc_round(kept, lambda sender, receiver, message: self._deliver(sender, receiver, message))
+        release = self._deliver(self.aggregators[0].name, ANALYST, AucRelease(query.round_id, value))
+        for site in contributors:
+            got = self._deliver(self.aggregators[0].name, site, AucRelease(query.round_id, value))
+            sites[site].receive_value(got)  # type: ignore[arg-type]
+        return float(release.value)  # type: ignore[attr-defined]
+
     def site(self, data: SiteData, **options: Any) -> Site:
         """A `Site` of this federation for `data` (`options`: its policy, ledger, local consent)."""
         return Site(data, self.study_id, self.scheme, self.sites, self.buffers, **options)
@@ -287,6 +318,10 @@ class LocalFederation:
                 first = next(iter(refusals.values()))
                 raise type(first)(f"{first} (and so: {exc})") from None
             raise
+        if not all(isinstance(share, (AggregateShare, ForwardedShares)) for share in shares):
+            # A kept round (release="mpc"): the aggregators answered with a status and kept their shares.
+            raise RoundError(f"round {query.round_id.number} ({query.name}) is kept by the aggregators: it releases "
+                             "no sum, only the value they compute from it jointly")
         for name in contributors:
             for share in shares:
                 self._deliver(self.aggregators[share.aggregator].name, name, share)

@@ -14,7 +14,8 @@ What the policy fixes:
 * which analyses may run, and which arrays may play which role in them (a
   policy with DP releases must name its labels and scores);
 * every cut point: the public score range (scores are clipped to it), the
-  calibration bins, the ROC-GLM threshold grid, the sensitivity grid;
+  calibration bins, the score-histogram grid, the ROC-GLM threshold grid, the
+  sensitivity grid;
 * differential privacy (`DPPolicy`): the mechanism, the per-release
   (epsilon, delta) -- an analyst may ask for more noise, never less -- the
   l2-sensitivity, and each site's total budget with its composition rule;
@@ -39,6 +40,8 @@ DEFAULT_ANALYSES = ("glm", "rocglm", "brier", "calibration")
 MECHANISMS = ("analytic", "classic")
 #: How a site adds up the privacy loss of its DP releases (see `dp.accounting`).
 ACCOUNTING = ("gaussian", "basic")
+#: The finest score histogram a policy may fix (buckets per class).
+MAX_HISTOGRAM_BINS = 1 << 20
 #: Slack for comparing privacy parameters computed on different machines.
 REL_TOL = 1e-9
 
@@ -142,6 +145,10 @@ class Policy:
     rocglm_thresholds: int = 30
     sensitivity_resolution: float = 1e-4
     dp: DPPolicy | None = field(default=None)
+    #: The study's score-histogram grid: equal-width buckets of the score range. An analyst may ask for a
+    #: divisor of it (a coarsening, which reveals nothing the finest grid does not), never another grid:
+    #: histograms over crossing grids could be differenced into cells narrower than either.
+    histogram_bins: int = 1000
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -149,6 +156,10 @@ class Policy:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise PolicyError(f"policy: {key} must be an integer >= {lo}, got {value!r}")
+        if isinstance(self.histogram_bins, bool) or not isinstance(self.histogram_bins, int) \
+                or not 1 <= self.histogram_bins <= MAX_HISTOGRAM_BINS:
+            raise PolicyError(f"policy: histogram_bins must be an integer in 1..{MAX_HISTOGRAM_BINS}, "
+                              f"got {self.histogram_bins!r}")
         if self.calibration_bins > 10_000 or self.rocglm_thresholds > 10_000:
             raise PolicyError("policy: calibration_bins and rocglm_thresholds must be at most 10000")
         if self.calibration_strategy not in ("uniform", "quantile"):
@@ -230,6 +241,8 @@ class Policy:
             "rocglm_thresholds": self.rocglm_thresholds,
             "sensitivity_resolution": self.sensitivity_resolution,
             "dp": None if self.dp is None else self.dp.to_dict(),
+            # Only when set: the policies written before it keep their digests.
+            **({"histogram_bins": self.histogram_bins} if self.histogram_bins != 1000 else {}),
         }
 
     def digest(self) -> str:
@@ -305,6 +318,18 @@ class Policy:
                 f"less than the policy's least noise {dp.sigma:.6g}"
             )
         return DPRequest(eps, dl, l2, mech, sigma)
+
+    def check_pure_dp(self, epsilon: Any) -> float:
+        """The epsilon of a pure-DP release (a DP histogram), if the policy allows it: at most dp.epsilon."""
+        if self.dp is None:
+            raise PolicyError(
+                "policy: this study allows no differentially private release (its policy has no dp section); "
+                "a study's sites must state dp.epsilon, dp.delta and dp.l2_sensitivity first"
+            )
+        eps = self.dp.epsilon if epsilon is None else _positive(epsilon, "epsilon")
+        if eps > self.dp.epsilon * (1 + REL_TOL):
+            raise PolicyError(f"policy: epsilon {eps:g} exceeds the per-release maximum dp.epsilon = {self.dp.epsilon:g}")
+        return eps
 
     def check_non_private(self) -> None:
         """Refuse the non-private validation mode unless the policy allows it explicitly."""

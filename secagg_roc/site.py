@@ -11,8 +11,9 @@ Before a record is read, every request is checked:
   been fed with the releases the site received from the aggregators;
 * an exact release: the site's ledger refuses a contributor set that could be
   differenced against the sets of its earlier releases;
-* a per-site (DP) release: computed once and replayed on repeat, each new one
-  charged to the site's budget, refused beyond it.
+* a per-site (DP) release, or a summed one the site noises itself (distributed
+  DP): computed once and replayed on repeat, each new one charged to the
+  site's budget, refused beyond it.
 
 The only things that leave here are secret shares (with public metadata: the
 output layout, which follows from the query, its encoding and the record
@@ -221,10 +222,34 @@ class Site:
             quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits)
             entries = [self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records,
                                                self.data_digest)]
-        _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
-        shares = self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(step.query).outputs,
-                            saturate=True)
+        spec = lookup(step.query)
+        if spec.charge is not None:
+            values, records, noisy = self._noised_sum(info, number, step, replay)
+            entries += noisy
+        else:
+            _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
+            values, records = result.values, result.records
+        shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
         return shares, entries
+
+    def _noised_sum(self, info: RunInfo, number: int, step: Step, replay: bool) -> tuple[Mapping, int, list]:
+        """A summed release this site noises itself (distributed DP): replayed from the ledger, or
+        checked against the policy, charged, drawn once and recorded (as `_per_site` does)."""
+        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
+        key = hashlib.sha256(blob.encode()).hexdigest()
+        stored = self.ledger.lookup(key)
+        if stored is not None:
+            return stored.values, self.data.records(), []  # a repeat: the same noisy values, never new noise
+        if replay:
+            raise PolicyError(f"site {self.name!r}: round {number} of run {info.run!r}: its release is not in the "
+                              "ledger; no new noise is drawn to re-create it")
+        spec = lookup(step.query)
+        self.policy.check_pure_dp(step.params.get("epsilon"))
+        charge = spec.charge(step.params)
+        self.ledger.check_charge(charge)
+        _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
+        entry = self.ledger.noisy_entry(key, info.run, number, result.values, charge)
+        return result.values, result.records, [entry]
 
     def _per_site(self, query: Query, info: RunInfo, number: int, step: Step, seeds, replay: bool = False
                   ) -> tuple[list, list]:
@@ -307,6 +332,16 @@ class Site:
         ]
 
     # -- releases coming back -----------------------------------------------------------
+
+    def receive_value(self, release) -> None:
+        """Take the one value the aggregators computed on a kept round (an `mpc.messages.AucRelease`) into
+        this site's copy of the run. Run by the Site; it learns what the analyst learns."""
+        number = release.round_id.number
+        answered = self.answered.get(number)
+        if answered is None or release.round_id != answered.query.round_id:
+            raise MessageError(f"site {self.name!r}: a release for round {number}, which this site did not answer")
+        self.runs.on_release(answered.run, answered.step, float(release.value))
+        del self.answered[number]
 
     def receive_release(self, shares: list[AggregateShare] | list[ForwardedShares]) -> None:
         """Take a round's release from the aggregators' shares into this site's copy of the run.

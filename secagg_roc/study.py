@@ -65,6 +65,14 @@ class Study(abc.ABC):
     def release_dp(self, query: str, params: Mapping[str, Any] | None = None) -> dict[str, dict[str, np.ndarray]]:
         """One per-site round of a query declared ``release="dp"``; site -> its released arrays."""
 
+    def release_mpc(self, query: str, params: Mapping[str, Any] | None = None, *, frac_bits: int | None = None) -> float:
+        """One round of a query declared ``release="mpc"``: the aggregators keep the sum and release only the
+        value they compute from it jointly (the secure AUC). Embedded studies only, so far."""
+        raise PolicyError(
+            "this study's aggregators do not run joint computations on kept sums (the secure AUC); "
+            "only the embedded study does so far"
+        )
+
     def covariate_names(self, arrays: list[str]) -> list[str] | None:
         """Names of the columns of covariate `arrays`, if the study knows better ones than ``X[j]``; else None."""
         return None
@@ -196,6 +204,11 @@ class LocalStudy(Study):
         if lookup(query).release != "dp":
             raise SiteQueryError(f"query {query!r} is not declared differentially private; use aggregate()")
         return self.federation.collect_dp(self.site_objects, query, params)
+
+    def release_mpc(self, query, params=None, *, frac_bits=None) -> float:
+        if lookup(query).release != "mpc":
+            raise SiteQueryError(f"query {query!r} is not computed on jointly by the aggregators")
+        return self.federation.run_mpc(self.site_objects, query, params, frac_bits=frac_bits)
 
     def transcript(self, party: str):
         """What `party` received (see `LocalFederation.transcript`)."""

@@ -29,6 +29,7 @@ from secagg_roc.messages import (
     StatusRequest,
     decode,
 )
+from secagg_roc.mpc.messages import AucRelease, MpcMaterial, MpcOpen, to_limbs
 from secagg_roc.ring import INTEGER, RAW_FLOAT, Encoding
 
 from deploy_client import join_query
@@ -55,6 +56,9 @@ def every_kind() -> list[Message]:
                        vector=VEC),
         )),
         ErrorReply("RoundError", "round 3 is closed"),
+        MpcMaterial(RID, 1, VEC, to_limbs([5, 2**255 - 20])),
+        MpcOpen(RID, 0, 7, VEC[:0], to_limbs([3])),
+        AucRelease(RID, 0.75),
     ]
 
 

@@ -22,11 +22,13 @@ from secagg_roc.messages import (
     StatusRequest,
     decode,
 )
+from secagg_roc.mpc.messages import AucRelease, MpcMaterial, MpcOpen, to_limbs
 from secagg_roc.ring import INTEGER, RAW_FLOAT, Encoding
 
 RID = RoundId("study-1", 7, hashlib.sha256(b"q").digest())
 LAYOUT = (("info", (2, 2), False), ("n", (1,), True))
 VEC = np.arange(5, dtype=np.uint64) * np.uint64(2**61)
+
 
 
 def examples() -> list[Message]:
@@ -43,6 +45,9 @@ def examples() -> list[Message]:
             InputShare(RID, "site-b", 0, RAW_FLOAT, 20, (("scores", (2,), False),), seed=bytes(16)),
         )),
         ErrorReply("RoundError", "round 7 is closed; share from 'site-a' refused"),
+        MpcMaterial(RID, 1, VEC, to_limbs([7, 2**255 - 20])),
+        MpcOpen(RID, 2, 65, VEC[:2], to_limbs([1, 2, 3])),
+        AucRelease(RID, 0.8125),
     ]
 
 

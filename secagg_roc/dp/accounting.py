@@ -18,7 +18,9 @@ composition rules:
   calibrated for. Simple and loose.
 
 A `Charge` records both views of one release, so a ledger can be audited
-under either rule.
+under either rule. Pure epsilon-DP releases (the DP score histograms: delta =
+0) are added up by their epsilons under both rules, and under ``"gaussian"``
+combined with the Gaussian part by basic composition.
 """
 
 from __future__ import annotations
@@ -47,6 +49,23 @@ class Charge:
         if not (sigma > 0 and l2_sensitivity > 0):
             raise ValueError("a Gaussian release needs sigma > 0 and l2-sensitivity > 0")
         return cls(float(l2_sensitivity) / float(sigma), float(epsilon), float(delta))
+
+    @classmethod
+    def pure(cls, epsilon: float) -> "Charge":
+        """The cost of an epsilon-DP release (delta = 0): e.g. a discrete Laplace or randomized response.
+
+        Any epsilon-DP mechanism is mu-GDP with mu = 2 Phi^-1(e^eps / (1 + e^eps)) (Dong, Roth & Su 2022,
+        Prop. 2.4 and after: the epsilon-DP trade-off curve is piecewise linear with its kink at
+        alpha = 1 / (1 + e^eps), and a Gaussian curve below it there lies below it everywhere). So a
+        pure-DP release composes soundly with the Gaussian ones under either rule.
+        """
+        from scipy.special import ndtri
+
+        eps = float(epsilon)
+        if not (math.isfinite(eps) and eps > 0):
+            raise ValueError(f"epsilon must be a positive number, got {epsilon!r}")
+        # e^eps / (1 + e^eps) = 1 / (1 + e^-eps): no overflow for large epsilon.
+        return cls(2.0 * float(ndtri(1.0 / (1.0 + math.exp(-eps)))), eps, 0.0)
 
     def to_dict(self) -> dict[str, float]:
         return {"mu": self.mu, "epsilon": self.epsilon, "delta": self.delta}
@@ -91,17 +110,21 @@ class Spent:
     delta: float
     budget_epsilon: float
     budget_delta: float
+    #: Under the "gaussian" rule: the epsilons of the pure-DP releases (delta = 0), added up first.
+    pure_epsilon: float = 0.0
 
     @property
     def within_budget(self) -> bool:
         if self.rule == "gaussian":
-            return self.delta <= self.budget_delta * (1 + TOLERANCE) + 1e-15
+            return (self.pure_epsilon <= self.budget_epsilon * (1 + TOLERANCE)
+                    and self.delta <= self.budget_delta * (1 + TOLERANCE) + 1e-15)
         return (self.epsilon <= self.budget_epsilon * (1 + TOLERANCE)
                 and self.delta <= self.budget_delta * (1 + TOLERANCE))
 
     def describe(self) -> str:
         if self.rule == "gaussian":
-            return (f"{self.releases} DP release(s), mu = {self.mu:.6g} in total (Gaussian DP): "
+            pure = f"pure-DP epsilon {self.pure_epsilon:g} plus " if self.pure_epsilon else ""
+            return (f"{self.releases} DP release(s), {pure}mu = {self.mu:.6g} in total (Gaussian DP): "
                     f"({self.budget_epsilon:g}, {self.delta:.6g})-DP against a budget of "
                     f"({self.budget_epsilon:g}, {self.budget_delta:g})")
         return (f"{self.releases} DP release(s): epsilon {self.epsilon:g}, delta {self.delta:g} by basic composition, "
@@ -113,8 +136,14 @@ def total(charges: Iterable[Charge], rule: str, budget_epsilon: float, budget_de
     charges = list(charges)
     mu = math.sqrt(sum(c.mu * c.mu for c in charges))
     if rule == "gaussian":
-        # delta at the budget's epsilon: the one number the budget bounds.
-        return Spent(rule, len(charges), mu, budget_epsilon, gdp_delta(budget_epsilon, mu), budget_epsilon, budget_delta)
+        # Pure-DP releases (delta = 0: discrete Laplace, randomized response) compose by adding their epsilons
+        # (their Gaussian-DP view, `Charge.pure`, is sound but loose); the Gaussian ones compose exactly in GDP,
+        # and the two parts by basic composition: (eps_pure + eps', delta_G(eps'))-DP, eps' what is left.
+        pure = sum(c.epsilon for c in charges if c.delta == 0.0)
+        mu = math.sqrt(sum(c.mu * c.mu for c in charges if c.delta != 0.0))
+        left = budget_epsilon - pure
+        delta = gdp_delta(max(left, 0.0), mu) if left >= -TOLERANCE * budget_epsilon else math.inf
+        return Spent(rule, len(charges), mu, budget_epsilon, delta, budget_epsilon, budget_delta, pure)
     if rule == "basic":
         eps = sum(c.epsilon for c in charges)
         dl = sum(c.delta for c in charges)

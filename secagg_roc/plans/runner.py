@@ -52,6 +52,8 @@ def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
             params = {"run": run, "step": step_number, "contributors": list(info.contributors), **step.params}
             if step.release == "dp":
                 release = study.release_dp(step.query, params)
+            elif step.release == "mpc":
+                release = study.release_mpc(step.query, params, frac_bits=step.frac_bits)
             else:
                 release = study.aggregate(step.query, params, frac_bits=step.frac_bits)
             step = rounds.send(release)

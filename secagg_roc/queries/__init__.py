@@ -34,3 +34,6 @@ from . import roc_compare  # noqa: E402,F401
 
 # The Poisson bootstrap's replicate totals (weights drawn at each site).
 from . import bootstrap  # noqa: E402,F401
+
+# Score histograms under three privacy models, and the secure AUC's kept histogram.
+from . import histograms  # noqa: E402,F401

@@ -21,7 +21,9 @@ import numpy as np
 
 from ..errors import SiteQueryError
 
-Release = Literal["secure", "dp"]
+#: "secure": summed and released; "dp": per-site values forwarded unsummed; "mpc": summed and *kept* by the
+#: aggregators, who compute only a declared function of the total (the secure AUC) and release that.
+Release = Literal["secure", "dp", "mpc"]
 
 
 @dataclass(frozen=True)
@@ -105,17 +107,23 @@ class SiteQuery:
     release: Release
     #: output name -> "int" or "float": the layout of every answer, whatever the data.
     outputs: Mapping[str, Kind]
+    #: For a summed release a site noises itself (distributed DP): its public parameters -> the DP cost
+    #: (a `dp.accounting.Charge`) charged to each contributing site; the noisy values are drawn once.
+    charge: Callable[[dict[str, Any]], Any] | None = None
 
 
 QUERIES: dict[str, SiteQuery] = {}
 
 
-def site_query(name: str, *, outputs: Mapping[str, Kind], release: Release = "secure") -> Callable[[QueryFunc], QueryFunc]:
+def site_query(name: str, *, outputs: Mapping[str, Kind], release: Release = "secure",
+               charge: Callable[[dict[str, Any]], Any] | None = None) -> Callable[[QueryFunc], QueryFunc]:
     """Register `func` as the site query `name` (the whitelist the sites consult).
 
     `outputs` declares each output's kind; ``release="dp"`` marks per-site
     releases (DP-noised, or exact in the non-private validation mode) that are
-    forwarded to the analyst as shares, never summed.
+    forwarded to the analyst as shares, never summed; ``release="mpc"`` marks
+    sums the aggregators keep. `charge` marks a summed release the sites
+    noise themselves (distributed DP) and prices it.
     """
     if not outputs or any(k not in ("int", "float") for k in outputs.values()):
         raise ValueError(f"site query {name!r}: outputs must map names to 'int' or 'float'")
@@ -123,7 +131,7 @@ def site_query(name: str, *, outputs: Mapping[str, Kind], release: Release = "se
     def register(func: QueryFunc) -> QueryFunc:
         if name in QUERIES:
             raise ValueError(f"site query {name!r} is registered twice")
-        QUERIES[name] = SiteQuery(name, func, release, dict(outputs))
+        QUERIES[name] = SiteQuery(name, func, release, dict(outputs), charge)
         return func
 
     return register

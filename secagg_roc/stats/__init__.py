@@ -10,6 +10,9 @@ from . import sensitivity  # noqa: F401  (registers the ``sensitivity`` plan)
 from .bootstrap import bootstrap_ci
 from .bootstrap_result import BootstrapResult
 from .calibration import BrierScore, brier_score, calibration_curve, log_loss
+from .histogram import ScoreHistogram
+from .histogram_plan import score_histogram
+from .secure_auc import SecureAuc, secure_auc
 from .glm import (
     AliasedWarning,
     ConvergenceWarning,
@@ -47,6 +50,8 @@ __all__ = [
     "RocCoords",
     "RocGlmResult",
     "RocTest",
+    "ScoreHistogram",
+    "SecureAuc",
     "SeparationWarning",
     "average_precision",
     "binormal_auc",
@@ -58,6 +63,8 @@ __all__ = [
     "fit_glm",
     "log_loss",
     "partial_auc",
+    "score_histogram",
+    "secure_auc",
     "precision_recall_curve",
     "roc_glm",
     "roc_test",

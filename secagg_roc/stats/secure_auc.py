@@ -1,0 +1,75 @@
+"""An AUC that reveals only the AUC: the ``secure_auc`` plan and `secure_auc` (run by the Analyst).
+
+One round after the join: every site secret-shares its per-class bucket
+counts over the policy's histogram grid (``histogram.shares``, exact, nothing
+withheld), the aggregators sum them and *keep* the sums, and compute the AUC
+from their shares with the helper's correlated randomness (`mpc.secure_auc`):
+the analyst, and every contributing site, receive one float. Not the curve,
+not the histogram, not the class sizes. Ties within a bucket count 1/2, so for
+scores with one distinct value per bucket it is the exact pooled AUC
+(scikit-learn's ``roc_auc_score``).
+
+The round is an exact release for the disclosure rules (q records, min_sites,
+no differencing of contributor sets in the sites' ledgers and at the
+aggregators), as any exact aggregate is.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generator
+
+from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
+from ..policy import Policy
+from .histogram_plan import declare_bins
+from .roc_release import array_name, check_score_range
+
+if TYPE_CHECKING:
+    from ..study import Study
+
+#: The products of the protocol stay below 2^63 in Z_2^64 while the records number fewer than 2^31.
+MAX_RECORDS = 1 << 31
+
+
+class SecureAuc(float):
+    """The AUC (a float), with the run's record total and contributing sites (public metadata)."""
+
+    n_records: int
+    contributors: tuple[str, ...]
+    bins: int
+    mode: str
+
+    def __new__(cls, value: float, n_records: int, contributors: tuple[str, ...], bins: int) -> "SecureAuc":
+        out = super().__new__(cls, value)
+        out.n_records, out.contributors, out.bins = int(n_records), tuple(contributors), int(bins)
+        out.mode = "distributed"
+        return out
+
+    def mark_trusted_host(self) -> None:
+        """Label this result as computed by the plaintext trusted-host baseline (one host saw the histograms)."""
+        self.mode = "trusted host"
+
+
+def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
+    check_score_range(policy, args)
+    return {"label": array_name(args, "label"), "score": array_name(args, "score"),
+            "bins": declare_bins(policy, args.get("bins"))}
+
+
+@plan("secure_auc", declare=_declare, uses=label_score_uses)
+def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, SecureAuc]:
+    """The ``secure_auc`` plan: one kept round of exact per-class bucket counts; its release is the AUC."""
+    if ctx.run.records >= MAX_RECORDS:
+        raise ValueError(f"the secure AUC takes fewer than {MAX_RECORDS} records")
+    lo, hi = ctx.policy.score_range
+    value = yield Step("histogram.shares", {"label": args["label"], "score": args["score"], "score_range": [lo, hi],
+                                            "bins": args["bins"]})
+    return SecureAuc(float(value), ctx.run.records, ctx.run.contributors, args["bins"])
+
+
+def secure_auc(study: "Study", label: str, score: str, *, bins: int | None = None) -> SecureAuc:
+    """The pooled AUC over the sites, revealing only the AUC (see the module docstring).
+
+    `bins`: the policy's ``histogram_bins`` (default) or a divisor of it; scores
+    on a grid of at most that many values give the exact empirical AUC.
+    """
+    return run_analysis(study, "secure_auc", {"label": label, "score": score, "bins": bins})
