@@ -241,6 +241,7 @@ class LocalFederation:
         from .mpc.embedded import secure_auc_round
         from .mpc.messages import AucRelease
 
+        check_joint_scheme(self.scheme)
         query = self._query(name, params, frac_bits)
         params = query.params
         run = params.get("run") if isinstance(params.get("run"), str) else None
@@ -413,6 +414,18 @@ class LocalFederation:
         if handler is None:
             return message
         return handler.handle(message)
+
+
+#: Schemes whose aggregators' kept sums are additive shares in Z_2^64 (replicated: each aggregator's own
+#: component), the form the joint secure-AUC computation takes.
+JOINT_SCHEMES = ("additive", "replicated", "plaintext")
+
+
+def check_joint_scheme(scheme) -> None:
+    """Refuse a joint computation on kept sums under a scheme whose shares it cannot take."""
+    if scheme.name not in JOINT_SCHEMES:
+        raise RoundError(f"the aggregators' joint computation (secure_auc) runs under {' or '.join(JOINT_SCHEMES)} "
+                         f"sharing; this study uses {scheme.name!r}")
 
 
 def _flip_first_bit(vector: np.ndarray) -> np.ndarray:

@@ -36,7 +36,7 @@ from .errors import PolicyError
 #: The roles an array can play in an analysis.
 ROLES = ("label", "score", "covariate", "weight")
 #: Analyses every study allows unless its policy lists others.
-DEFAULT_ANALYSES = ("glm", "rocglm", "brier", "calibration")
+DEFAULT_ANALYSES = ("glm", "rocglm", "brier", "calibration", "score_histogram", "secure_auc")
 MECHANISMS = ("analytic", "classic")
 #: How a site adds up the privacy loss of its DP releases (see `dp.accounting`).
 ACCOUNTING = ("gaussian", "basic")

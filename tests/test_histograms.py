@@ -112,7 +112,7 @@ def test_small_cells_are_withheld_under_the_default_minimum_cell_count():
 
 def test_bins_must_be_the_policy_grid_or_a_divisor():
     rng = np.random.default_rng(6)
-    study, _, _ = grid_study(rng, [30, 30], bins=1000)
+    study, _, _ = grid_study(rng, [30, 30], bins=1000, min_cell_count=2)
     with pytest.raises(sr.PolicyError, match="histogram_bins"):
         sr.score_histogram(study, label="y", score="p", bins=999)  # crossing grids could be differenced
     with pytest.raises(sr.PolicyError, match="histogram_bins"):
@@ -125,7 +125,8 @@ def test_bins_must_be_the_policy_grid_or_a_divisor():
 
 def test_histogram_analysis_must_be_allowed_by_the_policy():
     study = sr.Study.local({"a": {"y": np.r_[0, 1] * 1, "p": np.r_[0.1, 0.9]},
-                            "b": {"y": np.r_[0, 1] * 1, "p": np.r_[0.1, 0.9]}})
+                            "b": {"y": np.r_[0, 1] * 1, "p": np.r_[0.1, 0.9]}},
+                           policy=sr.Policy(analyses=("brier", "rocglm")))
     with pytest.raises(sr.PolicyError, match="not allowed"):
         sr.score_histogram(study, label="y", score="p")
 
@@ -272,3 +273,22 @@ def test_equi_depth_buckets_from_a_dp_quantile_round():
     assert spent.releases == 2 and spent.pure_epsilon == pytest.approx(2.0)
     with pytest.raises(sr.PolicyError, match="grid"):
         sr.score_histogram(study, label="y", score="p", strategy="quantile")  # exact: would cross the grid
+
+
+@pytest.mark.parametrize("decimals,bins,scheme", [(2, 101, "shamir"), (4, 10001, "additive"), (6, 2**20, "replicated"),
+                                                 (3, 1001, "pairwise")])
+def test_without_a_cell_rule_any_grid_up_to_2_20_buckets_is_exact_under_every_scheme(decimals, bins, scheme):
+    """min_cell_count = 1 withholds no cell, so no grid can give one back: `bins` is the analyst's (up to 2^20),
+    and for scores on a grid of at most `bins` values the AUC and AP equal scikit-learn's."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    rng = np.random.default_rng(decimals)
+    data = {f"h{k}": {"y": rng.integers(0, 2, 200), "p": np.round(rng.random(200), decimals)} for k in range(3)}
+    study = sr.Study.local(data, min_cell_count=1, scheme=scheme)
+    h = sr.score_histogram(study, label="y", score="p", bins=bins, privacy="federated")
+    y = np.concatenate([d["y"] for d in data.values()])
+    p = np.concatenate([d["p"] for d in data.values()])
+    assert abs(h.auc() - roc_auc_score(y, p)) < 1e-12
+    assert abs(h.average_precision() - average_precision_score(y, p)) < 1e-12
+    with pytest.raises(sr.PolicyError, match="at most 2"):
+        sr.score_histogram(study, label="y", score="p", bins=2**20 + 1)

@@ -26,7 +26,7 @@ def test_policy_defaults_and_validation():
     p = Policy()
     assert (p.privacy_level, p.min_sites, p.min_cell_count) == (5, 2, 5)
     assert p.dp is None and not p.allow_non_private and not p.allow_dropouts and p.private
-    assert set(p.analyses) == {"glm", "rocglm", "brier", "calibration"}
+    assert set(p.analyses) == {"glm", "rocglm", "brier", "calibration", "score_histogram", "secure_auc"}
     for bad in ({"privacy_level": 0}, {"min_sites": 0}, {"calibration_bins": 0}, {"score_range": (1, 0)},
                 {"roles": {"flavour": ["y"]}}, {"min_cell_count": 0}, {"rocglm_thresholds": 2}):
         with pytest.raises(PolicyError, match="policy"):

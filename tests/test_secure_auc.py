@@ -106,9 +106,12 @@ def test_an_aggregator_without_joint_computation_opens_no_kept_round():
 def test_the_plan_needs_the_policy_and_the_grid():
     rng = np.random.default_rng(6)
     study, _, _ = make_study(rng, [30, 30])
+    coarse = sr.Study.local({k: v.arrays for k, v in study.site_data.items()},
+                            policy=sr.Policy(analyses=("secure_auc",), min_cell_count=2))
     with pytest.raises(sr.PolicyError, match="histogram_bins"):
-        sr.secure_auc(study, label="y", score="p", bins=7)
-    other = sr.Study.local(study.site_data and {k: v.arrays for k, v in study.site_data.items()})
+        sr.secure_auc(coarse, label="y", score="p", bins=7)
+    other = sr.Study.local({k: v.arrays for k, v in study.site_data.items()},
+                           policy=sr.Policy(analyses=("brier",)))
     with pytest.raises(sr.PolicyError, match="not allowed"):
         sr.secure_auc(other, label="y", score="p")
 
@@ -163,3 +166,21 @@ def test_the_trusted_host_baseline_says_so():
                            scheme="plaintext")
     assert sr.secure_auc(study, label="y", score="p").mode == "trusted host"
     assert sr.score_histogram(study, label="y", score="p").mode == "trusted host"
+
+
+@pytest.mark.parametrize("scheme,ok", [("additive", True), ("replicated", True), ("shamir", False),
+                                       ("pairwise", False)])
+def test_secure_auc_runs_under_the_schemes_whose_shares_it_takes_and_refuses_the_others(scheme, ok):
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(8)
+    data = {f"h{k}": {"y": np.r_[[0, 1] * 3, rng.integers(0, 2, 30)], "p": rng.random(36).round(3)} for k in range(3)}
+    study = sr.Study.local(data, min_cell_count=1, scheme=scheme)
+    y = np.concatenate([d["y"] for d in data.values()])
+    p = np.concatenate([d["p"] for d in data.values()])
+    if ok:
+        assert float(sr.secure_auc(study, label="y", score="p")) == pytest.approx(roc_auc_score(y, p), abs=1e-12)
+    else:
+        with pytest.raises(sr.RoundError, match="runs under additive or replicated or plaintext sharing"):
+            sr.secure_auc(study, label="y", score="p")
+        assert all(a.open_rounds() == 0 for a in study.federation.aggregators)

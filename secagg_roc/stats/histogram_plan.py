@@ -31,7 +31,7 @@ import numpy as np
 from ..dp.discrete import discrete_laplace, discrete_laplace_variance, oue_debias, oue_probabilities, oue_report_sum
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
-from ..policy import Policy
+from ..policy import MAX_HISTOGRAM_BINS, Policy
 from .binning import quantile_edges
 from .calibration import _quantile_release
 from .histogram import ScoreHistogram, equal_width_edges
@@ -55,12 +55,19 @@ def canonical_privacy(value: Any) -> str:
 
 
 def declare_bins(policy: Policy, bins: Any) -> int:
-    """The declared number of buckets: the policy's grid, or a divisor of it (checked by Analyst and Sites)."""
+    """The declared number of buckets: the policy's grid, or a divisor of it (checked by Analyst and Sites).
+
+    With ``min_cell_count = 1`` (no cell is withheld, so no grid could give a withheld cell back) any
+    number up to 2^20 is allowed."""
     finest = policy.histogram_bins
     if bins is None:
         return finest
     if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
         raise ValueError(f"bins must be a positive integer, got {bins!r}")
+    if policy.min_cell_count == 1:
+        if bins > MAX_HISTOGRAM_BINS:
+            raise PolicyError(f"policy: a score histogram has at most 2^20 buckets; {bins} were asked for")
+        return bins
     if finest % bins:
         raise PolicyError(
             f"policy: score histograms use the study's grid of histogram_bins = {finest} buckets or a divisor "
@@ -79,7 +86,7 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
         if args.get("strategy", "uniform") != "uniform":
             raise PolicyError("policy: exact (federated) score histograms use the study's equal-width grid only; "
                               "equi-depth edges would cross it (use a DP privacy model)")
-        if out["bins"] != policy.histogram_bins:
+        if out["bins"] != policy.histogram_bins and policy.min_cell_count > 1:
             # A coarse bucket minus the released fine buckets inside it would give back the records the
             # fine histogram withheld there: exact histograms come on the policy's grid only.
             raise PolicyError(

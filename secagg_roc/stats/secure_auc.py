@@ -72,4 +72,9 @@ def secure_auc(study: "Study", label: str, score: str, *, bins: int | None = Non
     `bins`: the policy's ``histogram_bins`` (default) or a divisor of it; scores
     on a grid of at most that many values give the exact empirical AUC.
     """
+    federation = getattr(study, "federation", None)
+    if federation is not None:  # refused before the run starts, not after its join
+        from ..federation import check_joint_scheme
+
+        check_joint_scheme(federation.scheme)
     return run_analysis(study, "secure_auc", {"label": label, "score": score, "bins": bins})
