@@ -13,7 +13,6 @@ bytes and decoded again on delivery, exactly as the network would carry it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import json
 from typing import Any, Callable, Mapping
@@ -38,18 +37,18 @@ from .messages import (
 )
 from .queries import SiteData, canonical_params, query_digest
 from .queries.run import JOIN
-from .pairwise.rounds import SITE_PHASES, PairwiseRounds
+from .faults import FaultInjection, altered
+from .mpc.joint import check_joint_scheme
+from .pairwise.rounds import PairwiseRounds
 from .queries import QUERIES
 from .sharing import PairwiseSharing, make_scheme
 from .site import Site
 from .transcript import Transcript
 
 ANALYST = "analyst"
-#: The phases of a round, in order, at which `LocalFederation.take_down` makes an aggregator stop answering.
-_PHASES = ("open", "share", "close")
 
 
-class LocalFederation:
+class LocalFederation(FaultInjection):
     """K sites, N aggregators and one analyst in this process.
 
     `privacy_level` (q) applies to rounds whose sites report record counts;
@@ -143,44 +142,6 @@ class LocalFederation:
         if not self.transcripts:
             raise RuntimeError("this federation was created with transcripts=False")
         return self.transcripts[party]
-
-    def take_down(self, party: int | str, *, at: str = "open") -> None:
-        """Make a party unreachable from phase `at` of every round on, until `bring_up`.
-
-        An aggregator (its index): "open" (it never hears of a round), "share" (it opened
-        the round but no share reaches it) or "close" (it holds the shares but never
-        answers the analyst). A scheme with a threshold still releases while enough
-        aggregators answer; otherwise the round fails with a `RoundError` naming them.
-        A site (its name): "open" (never asked), "keys" (it advertised its keys, then
-        left), "share" (it sends no share) or "unmask" (it left after its share); the
-        last two differ only under pairwise masking. A round then sums the sites that
-        sent a share, if the scheme and the privacy rules allow it."""
-        if isinstance(party, str):
-            if party not in self.sites:
-                raise ValueError(f"no site {party!r}; sites: {', '.join(self.sites)}")
-            if at not in SITE_PHASES:
-                raise ValueError(f"a site's at must be one of {', '.join(SITE_PHASES)}, got {at!r}")
-            self._sites_down[party] = at
-            return
-        if at not in _PHASES:
-            raise ValueError(f"an aggregator's at must be one of {', '.join(_PHASES)}, got {at!r}")
-        self._down[self._aggregator_index(party)] = at
-
-    def bring_up(self, party: int | str) -> None:
-        """Undo `take_down` for `party`."""
-        if isinstance(party, str):
-            self._sites_down.pop(party, None)
-        else:
-            self._down.pop(self._aggregator_index(party), None)
-
-    def tamper(self, aggregator: int, alter: Callable[[np.ndarray], np.ndarray] | None = None) -> None:
-        """Make aggregator `aggregator` malicious: every release it sends has its vector replaced by
-        `alter(vector)` (default: the lowest bit of the first element flipped), until `honest`."""
-        self._tampering[self._aggregator_index(aggregator)] = alter or _flip_first_bit
-
-    def honest(self, aggregator: int) -> None:
-        """Undo `tamper` for `aggregator`."""
-        self._tampering.pop(self._aggregator_index(aggregator), None)
 
     def secure_sum(
         self,
@@ -336,24 +297,6 @@ class LocalFederation:
         for agg in self._reachable("open"):
             self._exchange(agg, query)
 
-    def _reachable(self, phase: str) -> list[Aggregator]:
-        """The aggregators that still answer at `phase` of a round (all, unless `take_down` was used)."""
-        rank = _PHASES.index(phase)
-        return [a for a in self.aggregators if a.index not in self._down or _PHASES.index(self._down[a.index]) > rank]
-
-    def _require_quorum(self, answering: list[Aggregator], what: str) -> None:
-        if len(answering) < self.scheme.threshold:
-            down = sorted(set(range(len(self.aggregators))) - {a.index for a in answering})
-            raise RoundError(
-                f"cannot {what}: aggregators {down} do not answer, and the {self.scheme.name} scheme needs "
-                f"{self.scheme.threshold} of its {len(self.aggregators)} aggregators"
-            )
-
-    def _aggregator_index(self, aggregator: int) -> int:
-        if not isinstance(aggregator, int) or not 0 <= aggregator < len(self.aggregators):
-            raise ValueError(f"aggregator must be an index in 0..{len(self.aggregators) - 1}, got {aggregator!r}")
-        return aggregator
-
     def _collect(self, query: Query, names: list[str], answer: Callable[[str], list[InputShare]], *,
                  keep_refusals: bool = True) -> dict[str, SecAggError]:
         """Deliver `query` to each site and its shares to the aggregators; a site's refusal is kept, not raised."""
@@ -393,7 +336,7 @@ class LocalFederation:
             # Run by the server before its release leaves: remove the masks that did not cancel.
             released = self._pairwise.unmask(query, contributors, shares[0], self._sites_down)
             alter = self._tampering.get(0)
-            shares = [released if alter is None else _altered(released, alter)]
+            shares = [released if alter is None else altered(released, alter)]
         return shares
 
     def _exchange(self, agg: Aggregator, message: Message) -> Any:
@@ -401,7 +344,7 @@ class LocalFederation:
         reply = self._deliver(ANALYST, agg.name, message, handler=agg)
         alter = self._tampering.get(agg.index)
         if alter is not None and isinstance(reply, (AggregateShare, ForwardedShares)):
-            reply = _altered(reply, alter)
+            reply = altered(reply, alter)
         return self._deliver(agg.name, ANALYST, reply)
 
     def _deliver(self, sender: str, receiver: str, message: Message, handler: Aggregator | None = None) -> Any:
@@ -414,30 +357,3 @@ class LocalFederation:
         if handler is None:
             return message
         return handler.handle(message)
-
-
-#: Schemes whose aggregators' kept sums are additive shares in Z_2^64 (replicated: each aggregator's own
-#: component), the form the joint secure-AUC computation takes.
-JOINT_SCHEMES = ("additive", "replicated", "plaintext")
-
-
-def check_joint_scheme(scheme) -> None:
-    """Refuse a joint computation on kept sums under a scheme whose shares it cannot take."""
-    if scheme.name not in JOINT_SCHEMES:
-        raise RoundError(f"the aggregators' joint computation (secure_auc) runs under {' or '.join(JOINT_SCHEMES)} "
-                         f"sharing; this study uses {scheme.name!r}")
-
-
-def _flip_first_bit(vector: np.ndarray) -> np.ndarray:
-    out = vector.copy()
-    out[0] ^= np.uint64(1)
-    return out
-
-
-def _altered(release: AggregateShare | ForwardedShares, alter: Callable[[np.ndarray], np.ndarray]):
-    """A cheating aggregator's version of `release`: its sum (or each forwarded vector) through `alter`."""
-    if isinstance(release, AggregateShare):
-        return dataclasses.replace(release, vector=alter(release.vector))
-    shares = tuple(dataclasses.replace(s, vector=alter(s.vector)) if s.vector is not None
-                   else dataclasses.replace(s, seed=bytes([s.seed[0] ^ 1]) + s.seed[1:]) for s in release.shares)
-    return dataclasses.replace(release, shares=shares)

@@ -74,7 +74,7 @@ def secure_auc(study: "Study", label: str, score: str, *, bins: int | None = Non
     """
     federation = getattr(study, "federation", None)
     if federation is not None:  # refused before the run starts, not after its join
-        from ..federation import check_joint_scheme
+        from ..mpc.joint import check_joint_scheme
 
         check_joint_scheme(federation.scheme)
     return run_analysis(study, "secure_auc", {"label": label, "score": score, "bins": bins})
