@@ -16,7 +16,7 @@ import secagg_roc.stats as sr
 from secagg_roc.deploy.config_write import loopback_study
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.site_data import load_site_data
-from secagg_roc.errors import ConfigError
+from secagg_roc.errors import ConfigError, RoundError
 from secagg_roc.messages import StatusRequest
 from secagg_roc.study import Study
 
@@ -90,7 +90,8 @@ def test_a_site_killed_between_its_shamir_shares_recreates_them_from_its_logged_
     local = embedded(shamir, scheme="shamir", n_aggregators=3, threshold=2)
     with shamir.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
         study.info()
-        shamir.kill("agg-3")  # site-a's share for agg-3 cannot be delivered now
+        shamir.kill("agg-2")  # two of three down: the round waits (2-of-3 needs two), and site-a's shares
+        shamir.kill("agg-3")  # for them cannot be delivered now
         future = pool.submit(sr.brier_score, study, "y", "score")
         number = _wait(lambda: _open_round(shamir, 0), what="the join to open at agg-1")
         body = _wait(lambda: _site_log(shamir, "site-a", "answer", number) or None, what="site-a's answer")
@@ -100,6 +101,7 @@ def test_a_site_killed_between_its_shamir_shares_recreates_them_from_its_logged_
               what="site-a's share at agg-1")
         shamir.kill("site-a")
         shamir.start_party("site-a")
+        shamir.start_party("agg-2")
         shamir.start_party("agg-3")
         brier = future.result(timeout=120)
     assert float(brier) == float(sr.brier_score(local, "y", "score"))
@@ -133,3 +135,37 @@ def test_a_replicated_deployment_gives_the_embedded_numbers(tmp_path) -> None:
 def test_a_study_file_with_a_scheme_the_services_cannot_run_is_one_clear_error(tmp_path, settings, n, message):
     with pytest.raises(ConfigError, match=message):
         loopback_study(tmp_path, ["s1", "s2"], n, **settings)
+
+
+def test_a_shamir_deployment_goes_on_without_an_aggregator_that_is_down(shamir) -> None:
+    """2-of-3: with agg-3 down before a run, and agg-2 killed in the middle of another, the analyses still
+    complete exactly (two answer); with two down, a clear error names them."""
+    from secagg_roc.deploy.remote_study import RemoteStudy
+
+    local = embedded(shamir, scheme="shamir", n_aggregators=3, threshold=2)
+    try:
+        shamir.kill("agg-3")
+        with RemoteStudy(shamir.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+            brier = sr.brier_score(study, "y", "score")
+            assert float(brier) == float(sr.brier_score(local, "y", "score"))
+            shamir.start_party("agg-3")
+            killed = []
+
+            def kill_mid_run(name: str, number: int) -> None:
+                if not killed and name != "run.join":
+                    killed.append(number)
+                    shamir.kill("agg-2")
+            study.on_round = kill_mid_run
+            fit = sr.fit_glm(study, "y", "x", family="logit")
+            assert killed
+            np.testing.assert_array_equal(np.asarray(fit.coef),
+                                          np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+            study.on_round = None
+            shamir.kill("agg-3")
+            with pytest.raises(RoundError, match="do not answer, and the scheme needs 2"):
+                sr.brier_score(study, "y", "score")
+    finally:
+        for name in ("agg-2", "agg-3"):
+            proc = shamir.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                shamir.start_party(name)

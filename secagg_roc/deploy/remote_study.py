@@ -60,11 +60,12 @@ from ..plans import Step
 from ..queries import canonical_params, lookup, query_digest
 from ..queries.run import JOIN
 from ..study import Study, Totals
+from .quorum import gather_quorum
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient, retry
 from .http_protocol import ServiceError, TransportError, exception_for
-from .site_presence import connected
+from .site_presence import absent_sites
 from .revocation import RevocationList
 from .tls import client_ssl_context
 
@@ -76,6 +77,9 @@ T = TypeVar("T")
 _PER_SITE_FRAC_BITS = Step.__dataclass_fields__["frac_bits"].default
 _REFUSING_SITE = re.compile(r"site '([A-Za-z0-9_.\-]{1,64})'")
 
+
+#: Seconds a threshold scheme waits for the other aggregators once `threshold` of them answered.
+QUORUM_GRACE_S = 2.0
 
 class RemoteStudy(Study):
     """A deployed study seen from the analyst: `Study` over mutual-TLS HTTPS.
@@ -125,6 +129,8 @@ class RemoteStudy(Study):
         self.on_round: Callable[[str, int], None] | None = None
         #: run -> its contributors, from the run's join release (whom its later rounds wait for).
         self._members: dict[str, tuple[str, ...]] = {}
+        #: Aggregators found absent in the current run (threshold schemes go on without them).
+        self._absent: set[int] = set()
         self._next_number: int | None = None
         self._call_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -202,7 +208,8 @@ class RemoteStudy(Study):
     def _sync(self, infos: list[dict[str, Any]]) -> None:
         """Check every aggregator serves this study's policy; take the next free round number from them."""
         digest = self.policy.digest()
-        for client, info in zip(self.clients, infos):
+        clients = [c for j, c in enumerate(self.clients) if j not in self._absent]
+        for client, info in zip(clients, infos):
             if info.get("policy") != digest:
                 raise ConfigError(
                     f"aggregator {client.name!r} serves study {self.study_id!r} under another [policy] than this "
@@ -246,9 +253,21 @@ class RemoteStudy(Study):
 
     # -- helpers -----------------------------------------------------------------
 
-    async def _all(self, call: Callable[[AggregatorClient], Awaitable[T]], deadline: float, what: str) -> list[T]:
-        """`call` on every aggregator at once, each retried on transport failures until `deadline`."""
+    async def _all(self, call: Callable[[AggregatorClient], Awaitable[T]], deadline: float, what: str,
+                   grace: float = QUORUM_GRACE_S) -> list[T]:
+        """`call` on every aggregator at once, each retried on transport failures until `deadline`.
+
+        Under a threshold scheme, on the aggregators not found absent earlier in the run only, going on
+        `grace` seconds after `threshold` of them answered (`quorum.gather_quorum`); the rest count as
+        absent until the next run's join."""
         loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())
+        if self.scheme.threshold < len(self.clients):
+            live = [(j, c) for j, c in enumerate(self.clients) if j not in self._absent]
+            results, absent = await gather_quorum([(j, lambda c=c: call(c)) for j, c in live],
+                                                  need=self.scheme.threshold, deadline=loop_deadline, grace=grace,
+                                                  what=what)
+            self._absent |= absent
+            return [results[j] for j in sorted(results)]
         return list(
             await asyncio.gather(
                 *(retry(lambda c=c: call(c), deadline=loop_deadline, what=f"{what} at aggregator {c.name!r}") for c in self.clients)
@@ -285,7 +304,8 @@ class RemoteStudy(Study):
         while True:
             remaining = deadline - time.monotonic()
             wait = max(0.0, min(remaining, self.poll_wait))
-            replies = await self._all(lambda c: c.status(request, wait), deadline + self.round_timeout_s, f"status of {rid}")
+            replies = await self._all(lambda c: c.status(request, wait), deadline + self.round_timeout_s,
+                                      f"status of {rid}", grace=wait + QUORUM_GRACE_S)
             statuses = [r[0] for r in replies]
             if not all(isinstance(s, RoundStatus) and s.round_id == rid for s in statuses):
                 raise ServiceError(f"an aggregator answered a status request for {rid} with something else")
@@ -325,6 +345,8 @@ class RemoteStudy(Study):
     async def _round(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Any:
         """Run by the Analyst: open, wait, agree, close, combine (as `LocalFederation._run_round`)."""
         per_site = lookup(name).release == "dp"
+        if name == JOIN:
+            self._absent = set()  # every run starts by asking every aggregator again
         started = time.monotonic()
         deadline = started + self.round_timeout_s
         # A per-site round's shares are raw floats; its precision is the plan's step default, as the sites expect.
@@ -374,21 +396,3 @@ class RemoteStudy(Study):
             self.on_round(name, rid.number)
         return result
 
-
-def absent_sites(clients: list[AggregatorClient], infos: list[dict[str, Any]], sites: tuple[str, ...],
-                 study_file: str = "study.toml") -> list[str]:
-    """Why each site whose agent some aggregator has not heard from recently is absent (for `preflight`)."""
-    out = []
-    for site in sites:
-        for client, info in zip(clients, infos):
-            if "sites_seen" not in info:
-                continue  # an aggregator of an older version reports nothing: no claim either way
-            seen = info["sites_seen"].get(site) or {}
-            if connected(seen):
-                continue
-            when = ("never since it started" if seen.get("last_seen_s") is None
-                    else f"last {seen['last_seen_s']:.0f} s ago")
-            out.append(f"site {site!r} is not connected to aggregator {client.name!r} (heard from {when}): its "
-                       f"agent must run (secagg-roc site --study {study_file} --name {site}) and reach {client.config.url}")
-            break
-    return out

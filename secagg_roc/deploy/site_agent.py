@@ -52,6 +52,7 @@ from .config_schema import SiteConfig, StudyConfig, with_article
 from .http import AggregatorClient
 from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
+from .quorum import TooFewAggregators, gather_quorum
 from .party_process import announce, hold_lock, stop_event
 from .site_answers import SiteAnswers
 from .site_check import site_check
@@ -72,6 +73,8 @@ __all__ = [
     "LEDGER_PREFIX",
 ]
 
+#: Seconds a site waits for the other aggregators' shares of a release once `threshold` of them came.
+RELEASE_GRACE_S = 2.0
 log = logging.getLogger("secagg_roc.site")
 
 
@@ -271,11 +274,18 @@ class SiteAgent(SiteAnswers):
                     raise TransportError(f"round {number} was not released by {client.name} in time")
             raise TransportError("the site agent is stopping")
 
-        fetches = [asyncio.ensure_future(one(c)) for c in self.clients]
+        need = self.scheme.threshold
+        fetches = [] if need < len(self.clients) else [asyncio.ensure_future(one(c)) for c in self.clients]
         try:
-            shares = await asyncio.gather(*fetches)
+            if fetches:
+                shares = await asyncio.gather(*fetches)
+            else:  # a threshold scheme: `threshold` aggregators' shares combine; absent ones are not waited for
+                got, _ = await gather_quorum([(j, lambda c=c: one(c)) for j, c in enumerate(self.clients)],
+                                             need=need, deadline=give_up, grace=RELEASE_GRACE_S,
+                                             what=f"the release of round {number}")
+                shares = [got[j] for j in sorted(got)]
         except SecAggError as exc:  # e.g. the round closed without this site, or was abandoned
-            if isinstance(exc, TransportError):
+            if isinstance(exc, (TransportError, TooFewAggregators)):
                 if not self._stopping:  # a stop is not a failure: the release is fetched after the restart
                     log.warning("gave up fetching the release of round %d: %s", number, exc)
                 return

@@ -67,3 +67,22 @@ def connected(seen: dict[str, Any] | None) -> bool:
         return False
     last = seen.get("last_seen_s")
     return bool(seen.get("polling")) or (last is not None and last <= SITE_STALE_S)
+
+
+def absent_sites(clients: list[Any], infos: list[dict[str, Any]], sites: tuple[str, ...],
+                 study_file: str = "study.toml") -> list[str]:
+    """Why each site whose agent some aggregator has not heard from recently is absent (for `preflight`)."""
+    out = []
+    for site in sites:
+        for client, info in zip(clients, infos):
+            if "sites_seen" not in info:
+                continue  # an aggregator of an older version reports nothing: no claim either way
+            seen = info["sites_seen"].get(site) or {}
+            if connected(seen):
+                continue
+            when = ("never since it started" if seen.get("last_seen_s") is None
+                    else f"last {seen['last_seen_s']:.0f} s ago")
+            out.append(f"site {site!r} is not connected to aggregator {client.name!r} (heard from {when}): its "
+                       f"agent must run (secagg-roc site --study {study_file} --name {site}) and reach {client.config.url}")
+            break
+    return out

@@ -58,14 +58,18 @@ class PairwiseSharing(SharingScheme):
             site_dropouts=f"any, at any phase, while every live site keeps {t} live sites in its neighbourhood",
             malicious={"aggregator alters its aggregate share": "undetected",
                        "aggregator withholds its aggregate share": "blocked",
-                       "server claims a surviving site dropped": "undetected",
+                       # A site answers one unmask request per round, so two disjoint sets of sites would each
+                       # have to reach t: impossible at a majority threshold unless sites collude with the server.
+                       "server claims a surviving site dropped": "blocked" if self.site_threshold is None
+                       else "undetected",
                        "site sends a malformed share": "blocked"},
             site_round_trips=4, upload_vectors_per_site=1.0, coalition=f"the server + {t}-1 sites",
             notes=("default threshold t: a majority of the round's sites",
                    "a site never reveals both the self-mask seed and the mask key of one site in one request, and "
-                   "answers one request per round; but without Bonawitz et al.'s consistency round (signed survivor "
-                   "lists, not implemented) a server may send different requests to different sites: with one "
-                   "colluding site, or a threshold at most half the sites, it can unmask an input",
+                   "answers one request per round, so a server sending different requests to different sites needs "
+                   "two groups of t answers: blocked at the default majority threshold; with c sites colluding "
+                   "it needs t > (K + c - 1) / 2, and an explicit threshold of at most half the sites gives no "
+                   "protection (Bonawitz et al.'s signed consistency round is not implemented)",
                    "per-site (DP) releases pass the server unmasked: it sees the same DP values as the analyst",
                    "sites stay outbound-only: the server relays keys and AES-GCM-encrypted shares"),
         )

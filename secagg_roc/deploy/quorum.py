@@ -1,0 +1,67 @@
+"""Calls on every aggregator that go ahead without the ones that do not answer, where the scheme allows it.
+
+Under a threshold scheme (Shamir t-of-n) a round needs only t aggregators:
+`gather_quorum` runs one call per aggregator at once, each retried on
+transport failures, and returns as soon as every aggregator answered, or
+`grace` seconds after the t-th did; the aggregators still silent then, and
+those that kept failing, are reported as absent. An error reply (a refusal)
+is never absence: it is raised. Run by the Analyst (`RemoteStudy`) and by each
+Site (fetching a release).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Awaitable, Callable, Sequence, TypeVar
+
+from ..errors import RoundError
+from .http import retry
+from .http_protocol import TransportError
+
+T = TypeVar("T")
+
+
+class TooFewAggregators(RoundError):
+    """Fewer aggregators answered than the scheme needs (the others kept failing, or stayed silent)."""
+
+
+async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]], *, need: int, deadline: float,
+                        grace: float, what: str) -> tuple[dict[int, T], set[int]]:
+    """Run `calls` (aggregator index, call) at once; (index -> result, absent indices), with at least `need`
+    results, or `RoundError` naming the absent aggregators. `deadline` is on the event loop's clock."""
+    loop = asyncio.get_running_loop()
+    tasks = {asyncio.ensure_future(retry(call, deadline=deadline, what=f"{what} at aggregator {j}")): j
+             for j, call in calls}
+    results: dict[int, T] = {}
+    absent: set[int] = set()
+    reasons: dict[int, str] = {}
+    quorum_at: float | None = None
+    pending = set(tasks)
+    try:
+        while pending:
+            timeout = None if quorum_at is None else max(0.0, quorum_at + grace - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if isinstance(exc, (TransportError, RoundError)):
+                    # Unreachable, or it missed the round (down when it opened): absent, not a refusal.
+                    absent.add(tasks[task])
+                    reasons[tasks[task]] = str(exc)
+                elif exc is not None:
+                    raise exc  # a refusal under the policy is an answer: the round cannot go on as asked
+                else:
+                    results[tasks[task]] = task.result()
+            if quorum_at is None and len(results) >= need:
+                quorum_at = loop.time()
+            if quorum_at is not None and loop.time() >= quorum_at + grace:
+                break
+    finally:
+        for task in pending:
+            task.cancel()
+            absent.add(tasks[task])
+            reasons.setdefault(tasks[task], "still silent after the grace")
+    if len(results) < need:
+        why = "; ".join(f"aggregator {j}: {reasons[j]}" for j in sorted(reasons))
+        raise TooFewAggregators(f"{what}: aggregators {sorted(absent)} do not answer, and the scheme needs "
+                                f"{need} of the {len(tasks)} asked" + (f" ({why})" if why else ""))
+    return results, absent
