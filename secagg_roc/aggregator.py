@@ -26,7 +26,7 @@ from .messages import (
     StatusRequest,
     check_name,
 )
-from .queries import QUERIES, query_digest
+from .queries import QUERIES, message_digest
 from .round import (  # noqa: F401  (importable from here too)
     MAX_RECORDS,
     NOT_COUNTED,
@@ -92,7 +92,7 @@ class Aggregator:
         """Open the round for `query` (idempotent for the same query)."""
         rid = query.round_id
         self._check_study(rid)
-        expected = query_digest(rid.study, query.name, query.params, query.frac_bits)
+        expected = message_digest(rid.study, query.name, query.params_json, query.frac_bits)
         if expected != rid.query:
             raise MessageError(f"round {rid.number}: query digest does not match {query.name!r} and its parameters")
         existing = self.rounds.get(rid.number)

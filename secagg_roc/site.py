@@ -41,7 +41,7 @@ from .layout import flatten
 from .messages import AggregateShare, ForwardedShares, InputShare, Query
 from .plans import RunInfo, SiteRuns, Step, same_step
 from .policy import Policy
-from .queries import SiteData, canonical_params, lookup, quantity_digest, query_digest, run_site_query
+from .queries import SiteData, canonical_params, lookup, message_digest, quantity_digest, run_site_query
 from .queries.run import JOIN
 from .ring import FixedPoint, RawFloat
 from .sharing import SharingScheme
@@ -107,7 +107,7 @@ class Site:
         """Refuse a query whose digest does not bind its name, parameters and precision."""
         if query.round_id.study != self.study:
             raise MessageError(f"site {self.name!r}: query for study {query.round_id.study!r}, not {self.study!r}")
-        if query_digest(self.study, query.name, query.params, query.frac_bits) != query.round_id.query:
+        if message_digest(self.study, query.name, query.params_json, query.frac_bits) != query.round_id.query:
             raise MessageError(f"site {self.name!r}: query digest does not match {query.name!r} and its parameters")
 
     # -- answering ------------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..messages import (
     StatusRequest,
     decode,
 )
-from ..queries import lookup, query_digest
+from ..queries import lookup, message_digest
 from ..queries.run import JOIN
 from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
@@ -219,7 +219,7 @@ class AggregatorState:
         rid = query.round_id
         if rid.study != self.config.study_id:
             raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.config.study_id!r}")
-        if query_digest(rid.study, query.name, query.params, query.frac_bits) != rid.query:
+        if message_digest(rid.study, query.name, query.params_json, query.frac_bits) != rid.query:
             raise MessageError(f"round {rid.number}: query digest does not match {query.name!r} and its parameters")
         # Only registered site queries: the embedded `secure_sum` primitive has no place in a deployment.
         lookup(query.name)  # SiteQueryError for anything else

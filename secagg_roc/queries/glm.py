@@ -16,6 +16,9 @@ placement values, see `queries.roc`).
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections import OrderedDict
 from typing import Any, Callable
 
 import numpy as np
@@ -50,14 +53,47 @@ def arrays_design(site: SiteData, spec: dict[str, Any]) -> Design:
 
 
 def build_design(site: SiteData, params: dict[str, Any]) -> Design:
-    """The site's (y, X, w, records) for the design named in ``params["design"]``."""
+    """The site's (y, X, w, records) for the design named in ``params["design"]``.
+
+    Fisher scoring asks for the same design every iteration; a design is a pure function of the site's
+    arrays, the design's parameters and the step's derived values, so the last few are kept (callers
+    never change a design's arrays)."""
     spec = params.get("design")
     if not isinstance(spec, dict):
         raise site.fail("query parameter 'design' must be an object naming a design 'kind'")
     builder = DESIGNS.get(spec.get("kind"))
     if builder is None:
         raise site.fail(f"unknown GLM design {spec.get('kind')!r}; known: {sorted(DESIGNS)}")
-    return builder(site, spec)
+    key = (id(site.arrays), json.dumps(spec, sort_keys=True), _context_digest(site.public))
+    hit = _DESIGNS_BUILT.get(key)
+    if hit is not None and hit[0] is site.arrays:  # the very same arrays object (held below, so its id is not reused)
+        _DESIGNS_BUILT.move_to_end(key)
+        return hit[1]
+    design = builder(site, spec)
+    _DESIGNS_BUILT[key] = (site.arrays, design)
+    while len(_DESIGNS_BUILT) > _DESIGNS_KEPT:
+        _DESIGNS_BUILT.popitem(last=False)
+    return design
+
+
+#: Designs built lately: (arrays id, design parameters, derived values) -> (arrays, design).
+_DESIGNS_BUILT: "OrderedDict[tuple, tuple[dict, Design]]" = OrderedDict()
+_DESIGNS_KEPT = 32
+
+
+def _context_digest(public: dict[str, Any]) -> str:
+    """A digest of a step's derived values (pooled reference samples and the like)."""
+    h = hashlib.sha256()
+    for k in sorted(public):
+        v = public[k]
+        h.update(k.encode())
+        if isinstance(v, np.ndarray):
+            a = np.ascontiguousarray(v)
+            h.update(a.dtype.str.encode() + repr(a.shape).encode())
+            h.update(memoryview(a).cast("B") if a.size else b"")
+        else:
+            h.update(json.dumps(v, sort_keys=True, default=repr).encode())
+    return h.hexdigest()
 
 
 def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.ndarray:

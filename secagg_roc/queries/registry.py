@@ -11,6 +11,7 @@ differentially private, secret-shared and forwarded unsummed (``release="dp"``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -148,7 +149,29 @@ def lookup(name: str) -> SiteQuery:
 
 
 def _jsonable(value: Any) -> Any:
+    # The common shapes first, and whole lists of plain numbers at once: plans put long float vectors
+    # (coefficients, reference digests' inputs) in parameters, and every party canonicalises every round.
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return value
+    if kind is float:
+        if not math.isfinite(value):
+            raise SiteQueryError(f"query parameters must be finite, got {value}")
+        return value
+    if kind is list or kind is tuple:
+        kinds = set(map(type, value))
+        if kinds <= _PLAIN:
+            if float in kinds and not all(map(math.isfinite, value)):
+                raise SiteQueryError(f"query parameters must be finite, got {[v for v in value if not math.isfinite(v)][0]}")
+            return list(value)
+        return [_jsonable(v) for v in value]
+    if kind is dict:
+        return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):
+        if value.dtype.kind in "iubf" and value.ndim == 1:
+            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
+                raise SiteQueryError("query parameters must be finite")
+            return value.tolist()
         return [_jsonable(v) for v in value.tolist()]
     if isinstance(value, (np.integer,)):
         return int(value)
@@ -164,6 +187,10 @@ def _jsonable(value: Any) -> Any:
     if value is None or isinstance(value, (bool, int, str)):
         return value
     raise SiteQueryError(f"query parameters must be JSON-like, got {type(value).__name__}")
+
+
+#: Element types a list of parameters may hold to be taken as it is (bool before int: JSON keeps them apart).
+_PLAIN = frozenset({int, float, str, bool, type(None)})
 
 
 def canonical_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -186,6 +213,19 @@ def query_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_b
         separators=(",", ":"),
     ).encode()
     return hashlib.sha256(blob).digest()
+
+
+@functools.lru_cache(maxsize=4096)
+def message_digest(study: str, name: str, params_json: str, frac_bits: int) -> bytes:
+    """`query_digest` of a `Query` message's own fields: what every party recomputes before it trusts a round.
+
+    A pure function of its (string) arguments, so it is memoised: the analyst, each aggregator and each
+    site check the same message, and a long run checks one query shape many times. Raises
+    `MessageError` (from the decoding) for parameters that are not a JSON object."""
+    from ..messages import Query, RoundId
+
+    params = Query(RoundId(study, 0, bytes(32)), name, params_json, frac_bits).params
+    return query_digest(study, name, params, frac_bits)
 
 
 def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32) -> str:
