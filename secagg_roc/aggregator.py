@@ -11,6 +11,8 @@ messages.
 
 from __future__ import annotations
 
+from collections import deque
+
 from .buffers import BufferPool
 from .disclosure import DisclosureLog
 from .errors import MessageError, PolicyError, RoundError
@@ -53,6 +55,7 @@ class Aggregator:
         retain_bytes: int = 256 << 20,
         buffers: BufferPool | None = None,
         mpc: bool = False,
+        keep_settled: int | None = None,
     ):
         self.study = check_name(study, "study id")
         #: Whether this aggregator takes part in joint computations on kept sums (the secure AUC): only
@@ -76,7 +79,13 @@ class Aggregator:
         self.rounds: dict[int, Round] = {}
         #: Numbers of the rounds still open: counting them must not cost a scan of every round ever run.
         self._open: set[int] = set()
-        self.runbook = RunBook(policy.sites, policy.allow_dropouts)
+        self.runbook = RunBook(policy.sites, policy.allow_dropouts,
+                               max_runs=None if keep_settled is None else max(16, keep_settled // 4))
+        #: With `keep_settled`, only that many settled rounds are kept (besides those their runs still need):
+        #: older ones are dropped, and their numbers are never opened again. None keeps every round.
+        self.keep_settled = keep_settled
+        self._settled: deque[int] = deque()
+        self._retired_max = -1
         self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
 
     @property
@@ -96,6 +105,9 @@ class Aggregator:
         if expected != rid.query:
             raise MessageError(f"round {rid.number}: query digest does not match {query.name!r} and its parameters")
         existing = self.rounds.get(rid.number)
+        if existing is None and rid.number <= self._retired_max:
+            raise RoundError(f"round {rid.number} of {rid.study!r} is older than the rounds aggregator {self.index} "
+                             "keeps; a round number is used once")
         if existing is not None:
             if existing.round_id != rid:
                 raise RoundError(f"round {rid.number} of {rid.study!r} is already open for a different query")
@@ -119,6 +131,7 @@ class Aggregator:
             r.abandon()
             self._open.discard(number)
             self.runbook.abandoned(r.query, number)
+            self._settle(number)
 
     def open_rounds(self) -> int:
         """How many rounds are open (constant time)."""
@@ -149,7 +162,9 @@ class Aggregator:
                 guarded = True
         records = r.site_records(agreed)
         share = r.close(message.contributors)
-        self._open.discard(r.round_id.number)
+        if r.round_id.number in self._open:
+            self._open.discard(r.round_id.number)
+            self._settle(r.round_id.number)
         self.runbook.closed(r.query, agreed)
         if guarded:
             self.disclosures.record(records)
@@ -176,6 +191,22 @@ class Aggregator:
             return self.kept.pop(number)
         except KeyError:
             raise RoundError(f"round {number}: no kept sum at {self.name} (never closed, or computed on already)") from None
+
+    def _settle(self, number: int) -> None:
+        """Note a released or abandoned round; beyond `keep_settled`, drop the oldest ones no run needs."""
+        if self.keep_settled is None:
+            return
+        self._settled.append(number)
+        needed = self.runbook.rounds_in_use()
+        while len(self._settled) > self.keep_settled:
+            old = self._settled.popleft()
+            if old in needed or old in self._release_order or old in self.kept:
+                self._settled.append(old)  # still needed: look again later
+                if all(n in needed or n in self._release_order or n in self.kept for n in self._settled):
+                    break
+                continue
+            self.rounds.pop(old, None)
+            self._retired_max = max(self._retired_max, old)
 
     def handle(self, message: Message) -> Message:
         """Apply one message and return the reply. Errors raise; state is unchanged by them."""

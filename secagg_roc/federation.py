@@ -46,6 +46,8 @@ from .site import Site
 from .transcript import Transcript
 
 ANALYST = "analyst"
+#: Settled rounds (and runs) an embedded aggregator keeps: enough for any plan's steps in flight.
+KEEP_SETTLED = 256
 
 
 class LocalFederation(FaultInjection):
@@ -101,10 +103,12 @@ class LocalFederation(FaultInjection):
         self.buffers = BufferPool() if not (transcripts is True or wire) else None
         self.scheme.buffers = self.buffers
         self.aggregators = [
-            # retain_released=1: the in-process analyst never asks for a release again.
+            # retain_released=1: the in-process analyst never asks for a release again; and only the last
+            # KEEP_SETTLED settled rounds are kept, so a long simulation's aggregators stay bounded.
             Aggregator(
                 self.study_id, j, self.policy, self.scheme,
                 max_open_rounds=max_open_rounds, retain_released=1, buffers=self.buffers, mpc=True,
+                keep_settled=KEEP_SETTLED,
             )
             for j in range(self.scheme.n_aggregators)
         ]
@@ -118,7 +122,8 @@ class LocalFederation(FaultInjection):
         self._round_numbers = itertools.count()
         # Site objects that hold no data: `secure_sum` hands them values directly.
         self._bare_sites = {s: self.site(SiteData(s, {})) for s in self.sites}
-        #: run -> its contributors, from the run's join release (who gets the run's later rounds).
+        #: run -> its contributors, from the run's join release (who gets the run's later rounds); the
+        #: latest runs only, as the aggregators keep them.
         self._members: dict[str, tuple[str, ...]] = {}
         #: aggregator index -> the phase of each round from which it no longer answers (`take_down`).
         self._down: dict[int, str] = {}
@@ -290,6 +295,8 @@ class LocalFederation(FaultInjection):
             sites[name].receive_release(shares)
         if joining and run is not None:
             self._members[run] = tuple(contributors)
+            while len(self._members) > KEEP_SETTLED:
+                del self._members[next(iter(self._members))]
         return shares
 
     def _open(self, query: Query) -> None:

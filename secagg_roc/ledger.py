@@ -29,6 +29,7 @@ its charge, and no charge is counted twice (a DP release is stored by key).
 from __future__ import annotations
 
 import json
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -38,6 +39,9 @@ from .dp.accounting import Charge, Spent, total
 from .errors import PolicyError
 from .policy import Policy
 
+
+#: Exact releases a ledger keeps one by one (the latest); older ones are only counted.
+KEEP_EXACT = 1024
 
 @dataclass(frozen=True)
 class ExactRelease:
@@ -76,8 +80,12 @@ class Ledger:
     def __init__(self, policy: Policy, site: str):
         self.policy = policy
         self.site = site
-        #: quantity -> (run, step) -> release: a replayed entry is found in constant time.
+        #: quantity -> (run, step) -> release, for the latest `KEEP_EXACT` releases (an audit trail; the rules
+        #: need only `sets`, which is bounded by the distinct contributor sets, and the counts).
         self.exact: dict[str, dict[tuple[str, int], ExactRelease]] = {}
+        self._exact_order: deque[tuple[str, tuple[str, int]]] = deque()
+        #: quantity -> how many exact releases of it this site took part in (all of them).
+        self.exact_counts: dict[str, int] = {}
         self.noisy: dict[str, NoisyRelease] = {}
         #: Every contributor set this site released over, with its total record count.
         self.sets: dict[frozenset[str], int] = {}
@@ -170,7 +178,16 @@ class Ledger:
         if entry.kind == "exact":
             release = ExactRelease(body["quantity"], body["run"], int(body["step"]), tuple(body["contributors"]),
                                    int(body["records"]), body["data"])
-            self.exact.setdefault(release.quantity, {}).setdefault((release.run, release.step), release)
+            kept = self.exact.setdefault(release.quantity, {})
+            if (release.run, release.step) not in kept:
+                kept[(release.run, release.step)] = release
+                self.exact_counts[release.quantity] = self.exact_counts.get(release.quantity, 0) + 1
+                self._exact_order.append((release.quantity, (release.run, release.step)))
+                while len(self._exact_order) > KEEP_EXACT:  # a long study's ledger stays bounded
+                    quantity, key = self._exact_order.popleft()
+                    del self.exact[quantity][key]
+                    if not self.exact[quantity]:
+                        del self.exact[quantity]
             key = frozenset(release.contributors)
             self.sets[key] = min(self.sets.get(key, release.records), release.records)
             self.data_digests.add(release.data)
@@ -187,8 +204,8 @@ class Ledger:
         """What this site has released, for its operator (counts and budget; no values)."""
         spent = self.spent()
         return {
-            "exact_quantities": len(self.exact),
-            "exact_releases": sum(len(v) for v in self.exact.values()),
+            "exact_quantities": len(self.exact_counts),
+            "exact_releases": sum(self.exact_counts.values()),
             "dp_releases": sum(1 for r in self.noisy.values() if r.charge is not None),
             "non_private_releases": sum(1 for r in self.noisy.values() if r.charge is None),
             "budget": spent.describe(),

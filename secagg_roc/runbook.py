@@ -40,10 +40,14 @@ class RunRecord:
 class RunBook:
     """Run ids, contributor sets and step order of every run, as this aggregator saw them."""
 
-    def __init__(self, sites: Iterable[str], allow_dropouts: bool):
+    def __init__(self, sites: Iterable[str], allow_dropouts: bool, max_runs: int | None = None):
         self.sites = frozenset(sites)
         self.allow_dropouts = allow_dropouts
         self.runs: dict[str, RunRecord] = {}
+        #: With `max_runs`, only the latest runs are kept: an older run takes no further step (its id is
+        #: refused as too old), so a long study's book stays bounded. None keeps every run.
+        self.max_runs = max_runs
+        self._evicted: dict[str, None] = {}  # insertion-ordered: the oldest evicted ids are forgotten first
 
     def of(self, query: Query) -> RunRecord | None:
         """The run `query` belongs to (None for the primitive)."""
@@ -63,10 +67,12 @@ class RunBook:
         if step == 0:
             if query.name != JOIN:
                 raise PolicyError(f"a run starts with its join round ({JOIN!r}), not {query.name!r}")
-            if run_id in self.runs:
+            if run_id in self.runs or run_id in self._evicted:
                 raise PolicyError(f"run {run_id!r} was started before; a run id is used once")
             return
         run = self.runs.get(run_id)
+        if run is None and run_id in self._evicted:
+            raise PolicyError(f"run {run_id!r} is older than the runs this aggregator keeps; it takes no further step")
         if run is None or query.name == JOIN:
             raise PolicyError(f"round {step} of run {run_id!r}: the run has not been started with its join round")
         if run.failed is not None:
@@ -86,9 +92,19 @@ class RunBook:
         params, number = query.params, query.round_id.number
         if params["step"] == 0:
             self.runs[params["run"]] = RunRecord(params["run"], str(params.get("analysis")), number)
+            while self.max_runs is not None and len(self.runs) > self.max_runs:
+                old = next(iter(self.runs))  # dicts keep insertion order: the oldest run
+                del self.runs[old]
+                self._evicted[old] = None
+                if len(self._evicted) > 16 * self.max_runs:
+                    del self._evicted[next(iter(self._evicted))]
         else:
             run = self.runs[params["run"]]
             run.step, run.step_round = int(params["step"]), number
+
+    def rounds_in_use(self) -> set[int]:
+        """The round numbers the kept runs still refer to (their joins and latest steps)."""
+        return {n for r in self.runs.values() for n in ((r.join_round, r.step_round) if r.step else (r.join_round,))}
 
     def check_close(self, query: Query, agreed: tuple[str, ...]) -> None:
         """Refuse a contributor set the run does not allow."""

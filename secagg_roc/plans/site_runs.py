@@ -30,6 +30,8 @@ from .base import Plan, PlanContext, Rounds, RunInfo, Step, declared, get_plan, 
 
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
 MAX_OPEN_RUNS = 64
+#: Finished run ids a site remembers (so a long study's state stays bounded).
+KEEP_FINISHED = 4096
 
 
 @dataclass
@@ -51,7 +53,9 @@ class SiteRuns:
         self.policy = policy
         self.all_sites = tuple(all_sites)
         self.runs: OrderedDict[str, _Run] = OrderedDict()
-        self.finished: set[str] = set()
+        #: Ids of runs no longer kept (insertion-ordered, the latest KEEP_FINISHED): refused if joined again.
+        #: Forgetting the oldest is safe: a run id reused much later is a new run, checked like any.
+        self.finished: dict[str, None] = {}
 
     # -- joining --------------------------------------------------------------------
 
@@ -108,7 +112,9 @@ class SiteRuns:
         self.runs[run] = _Run(plan, args)
         while len(self.runs) > MAX_OPEN_RUNS:
             old, state = self.runs.popitem(last=False)
-            self.finished.add(old)
+            self.finished[old] = None
+            if len(self.finished) > KEEP_FINISHED:
+                del self.finished[next(iter(self.finished))]
 
     def on_join_release(self, run: str, contributors: tuple[str, ...], records: int) -> None:
         """The join of `run` was released over `contributors`: check the set, start the plan."""
