@@ -190,3 +190,17 @@ def test_pairwise_server_sees_masked_vectors_and_the_total_only():
     assert server.kinds() >= {"AdvertiseKeys", "EncryptedShare", "UnmaskResponse"}
     assert "NeighbourKeys" in fed.transcript("p0").kinds()
     assert fed.scheme.threat_model.site_round_trips == 4
+
+
+def test_pairwise_threshold_above_the_neighbourhood_is_refused_and_large_rounds_use_a_sparse_graph():
+    fed = sr.LocalFederation(["a", "b", "c"], scheme="pairwise", threshold=5)
+    with pytest.raises(sr.RoundError, match="threshold of 5 sites is more than the 3 sites"):
+        fed.secure_sum({k: np.ones(2) for k in "abc"})
+    assert all(a.open_rounds() == 0 for a in fed.aggregators)
+    sites = [f"s{i}" for i in range(30)]  # beyond 16 sites: SecAgg+'s sparse graph, threshold within it
+    fed = sr.LocalFederation(sites, scheme="pairwise", transcripts=True)
+    vals = {s: np.full(2, float(i)) for i, s in enumerate(sites)}
+    fed.take_down("s7", at="share")
+    np.testing.assert_allclose(fed.secure_sum(vals), sum(v for s, v in vals.items() if s != "s7"))
+    shares_to = [e for e in fed.transcript("s0") if e.kind == "EncryptedShare"]
+    assert 0 < len(shares_to) < len(sites) - 1  # s0 received shares from its neighbours only

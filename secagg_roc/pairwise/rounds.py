@@ -65,7 +65,11 @@ class PairwiseRounds:
         ids = {self.index[n]: n for n in names}
         graph = (complete_graph(ids) if len(ids) <= COMPLETE_UP_TO
                  else neighbour_graph(ids, default_degree(len(ids)), seed=tag))
-        t = min(self.threshold_for(len(ids)), min(len(n) for n in graph.values()) + 1)
+        hood = min(len(n) for n in graph.values()) + 1  # the smallest neighbourhood, the site itself included
+        t = self.threshold_for(len(ids) if len(ids) <= COMPLETE_UP_TO else hood)
+        if t > hood:
+            raise RoundError(f"{query.round_id}: a pairwise-masking threshold of {t} sites is more than the "
+                             f"{hood} sites of the smallest neighbourhood in this round")
         server = self._servers[number] = PairwiseServer(tag, ids, t, graph)
         self._sessions[number] = sessions
         clients = self._clients[number] = {}
