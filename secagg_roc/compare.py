@@ -22,6 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from . import pooled
+from .errors import SecAggError
 from .policy import Policy
 from .sharing import make_scheme
 from .stats import brier_score, calibration_curve, roc_glm
@@ -30,6 +31,9 @@ from .study import Study
 #: The privacy models of the ROC-GLM's score release: exact scores (non-private) or the policy's DP.
 PRIVACY_MODELS = ("exact", "dp")
 ANALYSES = ("rocglm", "brier", "calibration")
+#: Further analyses a comparison may include: the score histogram's AUC (Federated under "exact", DistDP under
+#: "dp") and the secure AUC (exact only, under the schemes whose kept sums it takes).
+EXTRA_ANALYSES = ("histogram", "secure_auc")
 _VECTOR_KINDS = {"InputShare", "AggregateShare", "ForwardedShares"}
 
 
@@ -123,9 +127,10 @@ def compare_schemes(data: Mapping[str, Mapping[str, Any]], *, label: str = "y", 
     side-by-side, and the "exact" privacy model and the plaintext baseline are non-private by design) and
     the "dp" model needs the policy's DP settings. `seed` seeds the DP noise, the same for every scheme."""
     policy = policy or Policy(roles={"label": [label], "score": [score]})
-    unknown = set(privacy) - set(PRIVACY_MODELS) or set(analyses) - set(ANALYSES)
+    unknown = set(privacy) - set(PRIVACY_MODELS) or set(analyses) - set(ANALYSES) - set(EXTRA_ANALYSES)
     if unknown:
-        raise ValueError(f"unknown privacy model or analysis {sorted(unknown)}; known: {PRIVACY_MODELS}, {ANALYSES}")
+        raise ValueError(f"unknown privacy model or analysis {sorted(unknown)}; known: {PRIVACY_MODELS}, "
+                         f"{ANALYSES + EXTRA_ANALYSES}")
     if "dp" in privacy and policy.dp is None:
         raise ValueError("the 'dp' privacy model needs a policy with DP settings (Policy(dp=DPPolicy(...)))")
     policy = dataclasses.replace(policy, allow_non_private=True)
@@ -179,10 +184,34 @@ def _run_one(data, setup: SchemeSetup, model: str, label: str, score: str, polic
             diffs = [abs(a - b) for a, b in zip(results["calibration_observed"], ref["calibration_observed"])
                      if a is not None and b is not None]
             errors["calibration"] = max(diffs, default=0.0)
+        _extra_analyses(study, analyses, model, label, score, ref, results, errors)
     seconds = time.perf_counter() - started
     scheme = study.federation.scheme
     return Row(setup.label, model, results, errors, _learned(study, model), scheme.threat_model.as_dict(),
                _costs(study, seconds))
+
+
+def _extra_analyses(study, analyses: Sequence[str], model: str, label: str, score: str, ref: dict[str, Any],
+                    results: dict[str, Any], errors: dict[str, float]) -> None:
+    """The histogram AUC and the secure AUC, against the pooled empirical AUC; a row says why one is missing."""
+    from .mpc.joint import JOINT_SCHEMES
+    from .stats import score_histogram, secure_auc
+
+    if "histogram" in analyses:
+        try:
+            h = score_histogram(study, label=label, score=score,
+                                privacy="federated" if model == "exact" else "distdp")
+            results["histogram_auc"] = h.auc()
+            errors["histogram_auc"] = abs(h.auc() - ref["auc_empirical"])
+        except SecAggError as exc:
+            results["histogram_auc"] = f"refused: {type(exc).__name__}: {exc}"
+    if "secure_auc" in analyses and model == "exact":
+        if study.federation.scheme.name not in JOINT_SCHEMES:
+            results["secure_auc"] = f"not run: the joint computation takes {' or '.join(JOINT_SCHEMES)} shares"
+        else:
+            value = float(secure_auc(study, label=label, score=score))
+            results["secure_auc"] = value
+            errors["secure_auc"] = abs(value - ref["auc_empirical"])
 
 
 def _role(party: str, sites: tuple[str, ...]) -> str:

@@ -21,6 +21,11 @@ from .extras import missing
 
 __all__ = ["add_compare_parser"]
 
+#: The analyses the command's own policies allow, and their histogram grid (coarse: the data sets are small,
+#: and cells below the policy's min_cell_count are withheld).
+ANALYSES = ("rocglm", "brier", "calibration", "score_histogram", "secure_auc")
+HISTOGRAM_BINS = 20
+
 
 def add_compare_parser(subparsers: Any) -> None:
     """Add the ``compare`` subcommand."""
@@ -35,6 +40,8 @@ def add_compare_parser(subparsers: Any) -> None:
     p.add_argument("--schemes", default="plaintext,additive:2,shamir:3:2,replicated,pairwise",
                    help="comma-separated NAME[:AGGREGATORS[:THRESHOLD]] (default: %(default)s)")
     p.add_argument("--privacy", default="exact,dp", help="privacy models: exact, dp (default: %(default)s)")
+    p.add_argument("--analyses", default="rocglm,brier,calibration",
+                   help="comma-separated: rocglm, brier, calibration, histogram, secure_auc (default: %(default)s)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="also write compare.json, compare.md and (with the [plot] extra) compare.png here")
     p.add_argument("--seed", type=int, default=0, help="seed of the DP noise and of the use case's split")
@@ -49,8 +56,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, dict[str, np.ndarray]], A
         from .demo import POLICY, use_case_sites
 
         sites, *_ = use_case_sites(args.seed)
-        policy = dataclasses.replace(POLICY, analyses=("rocglm", "brier", "calibration"),
-                                     roles={"label": ["y"], "score": ["score"]})
+        policy = dataclasses.replace(POLICY, analyses=ANALYSES, roles={"label": ["y"], "score": ["score"]},
+                                     histogram_bins=HISTOGRAM_BINS)
         return {k: {"y": v["y"], "score": v["score"]} for k, v in sites.items()}, policy
     if args.data == "asah":
         from .datasets import load_asah
@@ -59,7 +66,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, dict[str, np.ndarray]], A
         y, s = (a["outcome"] == "Poor").astype(np.int64), a["s100b"] / a["s100b"].max()
         parts = np.array_split(np.arange(y.size), 3)
         return ({f"h{i}": {"y": y[p], "score": s[p]} for i, p in enumerate(parts)},
-                Policy(roles={"label": ["y"], "score": ["score"]}, dp=paper_dp))
+                Policy(roles={"label": ["y"], "score": ["score"]}, dp=paper_dp, analyses=ANALYSES,
+                       histogram_bins=HISTOGRAM_BINS))
     path = Path(args.data)
     if not path.is_file():
         raise ConfigError(f"--data {args.data!r}: not 'usecase', 'asah' or an existing CSV file")
@@ -77,7 +85,8 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, dict[str, np.ndarray]], A
     except ValueError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     data = {k: {"y": np.asarray(v["y"]), "score": np.asarray(v["score"])} for k, v in sites.items()}
-    return data, Policy(roles={"label": ["y"], "score": ["score"]}, dp=paper_dp)
+    return data, Policy(roles={"label": ["y"], "score": ["score"]}, dp=paper_dp, analyses=ANALYSES,
+                        histogram_bins=HISTOGRAM_BINS)
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
@@ -86,7 +95,8 @@ def run_compare_command(args: argparse.Namespace) -> int:
     data, policy = _load(args)
     try:
         c = compare_schemes(data, policy=policy, schemes=[s for s in args.schemes.split(",") if s.strip()],
-                            privacy=[p.strip() for p in args.privacy.split(",") if p.strip()], seed=args.seed)
+                            privacy=[p.strip() for p in args.privacy.split(",") if p.strip()], seed=args.seed,
+                            analyses=[a.strip() for a in args.analyses.split(",") if a.strip()])
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     print(c.to_markdown())

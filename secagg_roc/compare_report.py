@@ -46,6 +46,17 @@ def to_markdown(c: "Comparison") -> str:
             f"{_kib(sent['site'])} / {_kib(sent['aggregator'])} / {_kib(sent['analyst'])} | "
             f"{cost['rounds']} | {cost['seconds']:.2f} |"
         )
+    extra = [k for k in ("histogram_auc", "secure_auc") if any(k in r.results for r in c.rows)]
+    if extra:
+        lines += ["", f"Empirical pooled AUC {ref['auc_empirical']:.6f}:", "",
+                  "| scheme | privacy | " + " | ".join(f"{k} | \\|Δ\\|" for k in extra) + " |",
+                  "|" + "---|" * (2 + 2 * len(extra))]
+        for r in c.rows:
+            cells = []
+            for k in extra:
+                v = r.results.get(k)
+                cells += [_num(v, 6) if isinstance(v, float) else str(v or "-"), _exp(r.errors.get(k))]
+            lines.append(f"| {r.scheme} | {r.privacy} | " + " | ".join(cells) + " |")
     lines += ["", "What each party learned (from its transcript, and what the scheme promises):", ""]
     seen = set()
     for r in c.rows:

@@ -115,3 +115,18 @@ def test_cli_compare_bad_input_is_one_line_and_status_2(tmp_path, capsys):
     assert "threshold must be in 2..9" in capsys.readouterr().err
     assert main(["compare", "--data", str(tmp_path / "nope.csv")]) == 2
     assert "not 'usecase', 'asah' or an existing CSV file" in capsys.readouterr().err
+
+
+def test_histogram_and_secure_auc_rows(asah_sites):
+    policy = sr.Policy(roles={"label": ["y"], "score": ["score"]}, min_cell_count=1, histogram_bins=2**20,
+                       dp=sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=5, budget_delta=0.9))
+    c = compare_schemes(asah_sites, policy=policy, schemes=["additive", "shamir:3:2"], privacy=["exact"],
+                        analyses=["histogram", "secure_auc"])
+    additive, shamir = c.rows
+    # Scores on a fine grid, no cell withheld: both equal the pooled empirical AUC.
+    assert additive.errors["histogram_auc"] < 1e-12 and additive.errors["secure_auc"] < 1e-12
+    assert shamir.errors["histogram_auc"] < 1e-12
+    assert shamir.results["secure_auc"].startswith("not run") and "secure_auc" not in shamir.errors
+    assert "histogram_auc" in c.to_markdown() and "not run" in c.to_markdown()
+    with pytest.raises(ValueError, match="unknown privacy model or analysis"):
+        compare_schemes(asah_sites, policy=policy, analyses=["magic"])

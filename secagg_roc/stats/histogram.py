@@ -109,7 +109,9 @@ class ScoreHistogram:
             num = 2 * int(np.dot(pi.astype(object), below.astype(object))) + int(np.dot(pi.astype(object), ni.astype(object)))
             return float(num / (2 * int(pi.sum()) * int(ni.sum())))
         below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])
-        return float(np.sum(pos * (below + neg / 2.0)) / (p * n))
+        # Unbiased DP counts may be negative; the estimate is kept unbiased inside and only its final value
+        # is brought back into [0, 1] (post-processing: it costs no privacy and only reduces the error).
+        return float(np.clip(np.sum(pos * (below + neg / 2.0)) / (p * n), 0.0, 1.0))
 
     def roc_curve(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(fpr, tpr, thresholds) as scikit-learn's ``roc_curve``: from (0, 0) at threshold +inf, one point
