@@ -38,7 +38,14 @@ def _run_demo(args: argparse.Namespace) -> int:
 def _run_sum_demo(args: argparse.Namespace) -> int:
     from .sum_demo import run_sum_demo
 
-    print(run_sum_demo(n_aggregators=args.aggregators))
+    from .sharing import SCHEMES
+
+    if args.scheme not in SCHEMES:
+        raise ConfigError(f"--scheme {args.scheme!r}: one of {', '.join(SCHEMES)}")
+    try:
+        print(run_sum_demo(n_aggregators=args.aggregators, scheme=args.scheme, threshold=args.threshold))
+    except ValueError as exc:  # the scheme's own check of its parameters, in one line
+        raise ConfigError(str(exc)) from None
     return 0
 
 
@@ -83,8 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="one secure sum over three sites, printing what every party received",
         description="Secret-share three small vectors across the aggregators and show each party's transcript.",
     )
-    sum_demo.add_argument("--aggregators", type=_aggregators, default=2,
-                          help="number of aggregators, at least 2 (default: %(default)s)")
+    sum_demo.add_argument("--aggregators", type=_aggregators, default=None,
+                          help="number of aggregators, at least 2 (default: the scheme's)")
+    sum_demo.add_argument("--scheme", default="additive",
+                          help="additive, shamir, replicated, pairwise or plaintext (default: %(default)s)")
+    sum_demo.add_argument("--threshold", type=int, default=None,
+                          help="Shamir's t, or pairwise masking's threshold of sites")
     sum_demo.set_defaults(func=_run_sum_demo)
 
     # Listed on every install: each command checks its extra when it runs.

@@ -7,11 +7,12 @@ import numpy as np
 from .federation import LocalFederation
 
 
-def run_sum_demo(n_aggregators: int = 2) -> str:
-    """Sum three small vectors through `n_aggregators` aggregators; return a readable account."""
+def run_sum_demo(n_aggregators: int | None = None, scheme: str = "additive", threshold: int | None = None) -> str:
+    """Sum three small vectors through the aggregators of `scheme`; return a readable account."""
     # Full transcripts: the demo prints what each party received.
     fed = LocalFederation(["hospital-a", "hospital-b", "hospital-c"], n_aggregators=n_aggregators, wire=True,
-                          transcripts=True)
+                          transcripts=True, scheme=scheme, threshold=threshold)
+    tm = fed.scheme.threat_model
     values = {
         "hospital-a": np.array([12.5, 3.0, -1.25]),
         "hospital-b": np.array([7.0, 0.5, 2.0]),
@@ -19,8 +20,9 @@ def run_sum_demo(n_aggregators: int = 2) -> str:
     }
     total = fed.secure_sum(values, records={"hospital-a": 40, "hospital-b": 25, "hospital-c": 31})
     lines = [
-        f"secure sum over {len(values)} sites and {n_aggregators} aggregators "
-        f"(additive shares in Z_2^64, AES-CTR seeds; q={fed.privacy_level})",
+        f"secure sum over {len(values)} sites and {len(fed.aggregators)} aggregator(s), {fed.scheme.name} "
+        f"sharing (q={fed.privacy_level})",
+        f"  trust        {tm.trust}",
         f"  total        {total}",
         f"  numpy check  {sum(values.values())}",
         "",
@@ -32,8 +34,9 @@ def run_sum_demo(n_aggregators: int = 2) -> str:
             detail = ""
             msg = entry.message
             if entry.kind == "InputShare":
-                detail = "a 16-byte PRG seed" if msg.seed is not None else f"ring vector {msg.vector[:3]}"
+                detail = "a 16-byte PRG seed" if msg.seed is not None else f"vector {msg.vector[:3]}"
             lines.append(f"    {entry.kind:<15} from {entry.sender:<13} {entry.nbytes:>5} B  {detail}")
     lines.append("")
-    lines.append("No aggregator saw any site's values: each holds uniformly random shares.")
+    lines.append("No aggregator saw any site's values: each holds uniformly random shares."
+                 if fed.scheme.private else "NOT PRIVATE: the trusted host saw every site's values.")
     return "\n".join(lines)

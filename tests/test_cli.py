@@ -47,3 +47,19 @@ def test_console_script_runs_the_embedded_demo(tmp_path):
     assert report["roc_glm"]["auc"] == pytest.approx(report["pooled"]["roc_glm"]["auc"], abs=0.02)
     assert report["brier"] == pytest.approx(report["pooled"]["brier"], abs=1e-9)
     assert (tmp_path / "roc.png").stat().st_size > 10_000 and (tmp_path / "calibration.png").exists()
+
+
+@pytest.mark.parametrize("args,shown", [(["--scheme", "shamir", "--aggregators", "4", "--threshold", "2"], "shamir sharing"),
+                                        (["--scheme", "replicated"], "replicated sharing"),
+                                        (["--scheme", "pairwise", "--threshold", "2"], "AdvertiseKeys")])
+def test_sum_demo_under_every_scheme(args, shown, capsys):
+    assert main(["sum-demo", *args]) == 0
+    out = capsys.readouterr().out
+    assert shown in out and "total        [20.5   4.5   1.75]" in out
+
+
+def test_sum_demo_refuses_a_bad_scheme_or_threshold_in_one_line(capsys):
+    assert main(["sum-demo", "--scheme", "magic"]) == 2
+    assert "one of additive" in capsys.readouterr().err
+    assert main(["sum-demo", "--scheme", "shamir", "--threshold", "9"]) == 2
+    assert "threshold must be in 2..3" in capsys.readouterr().err

@@ -40,8 +40,10 @@ class ShamirSharing(SharingScheme):
         super().__init__(n_aggregators)
         t = self.n_aggregators // 2 + 1 if threshold is None else int(threshold)
         if not 2 <= t <= self.n_aggregators:
+            why = ("with threshold 1 every aggregator would hold a site's input in the clear" if t < 2 else
+                   "more than the aggregators there are could never reconstruct")
             raise ValueError(f"a Shamir threshold must be in 2..{self.n_aggregators} (n_aggregators), got {threshold}: "
-                             "with threshold 1 every aggregator would hold a site's input in the clear")
+                             f"{why}")
         self.threshold = t
 
     @classmethod
