@@ -70,10 +70,18 @@ class ReplicatedSharing(SharingScheme):
             raise ValueError(f"seeds must be given for [0, 1] exactly, got {sorted(seeds)}")
         x = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
         n = x.size
-        r0, r1 = prg.expand(bytes(seeds[0]), n), prg.expand(bytes(seeds[1]), n)
-        r2 = x - r0 - r1  # mod 2^64: numpy's uint64 arithmetic wraps
-        parts = (r0, r1, r2)
-        return [Payload(vector=np.concatenate([parts[j], parts[(j + 1) % 3]])) for j in range(3)]
+        # Written straight into the three payloads (recycled vectors when the federation has a pool):
+        # p0 = [r0, r1], p1 = [r1, r2], p2 = [r2, r0], with r2 = x - r0 - r1 (mod 2^64: uint64 wraps).
+        p0, p1, p2 = (np.empty(2 * n, dtype=np.uint64) if self.buffers is None else self.buffers.take(2 * n)
+                      for _ in range(3))
+        prg.Keystream(bytes(seeds[0])).write(p0[:n])
+        prg.Keystream(bytes(seeds[1])).write(p0[n:])
+        np.copyto(p1[:n], p0[n:])
+        np.subtract(x, p0[:n], out=p1[n:])
+        np.subtract(p1[n:], p0[n:], out=p1[n:])
+        np.copyto(p2[:n], p1[n:])
+        np.copyto(p2[n:], p0[:n])
+        return [Payload(vector=p0), Payload(vector=p1), Payload(vector=p2)]
 
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: both components at once (mod 2^64)."""
