@@ -222,6 +222,9 @@ class LocalFederation(FaultInjection):
             self._close(query, contributors)  # each aggregator keeps its share and replies with a status
         kept = [agg.take_kept(query.round_id.number) for agg in self.aggregators]
         value = secure_auc_round(kept, lambda sender, receiver, message: self._deliver(sender, receiver, message))
+        decimals = query.params.get("decimals")  # the plan's, checked by every site: rounded before it leaves
+        if isinstance(decimals, int) and not isinstance(decimals, bool):
+            value = round(value, decimals)
         release = self._deliver(self.aggregators[0].name, ANALYST, AucRelease(query.round_id, value))
         for site in contributors:
             got = self._deliver(self.aggregators[0].name, site, AucRelease(query.round_id, value))

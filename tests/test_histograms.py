@@ -244,10 +244,11 @@ def test_attack_fine_grid_over_a_tiny_site_isolates_no_record():
     released = h.negatives + h.positives
     assert np.all((released == 0) | (released >= 3))  # every record alone in its bucket: all withheld
     assert h.withheld == 406 and h.n_positive == 0
-    # The secure AUC over the same grid is exact and reveals one number only.
+    # The secure AUC over the same grid reveals one number only, rounded to 4 decimals while small cells are
+    # withheld (its exact fraction would give the class sizes).
     auc = sr.secure_auc(study, label="y", score="p")
     y = np.r_[tiny["y"], big["y"]]
-    assert auc == pytest.approx(roc_auc_score(y, np.r_[tiny["p"], big["p"]]), abs=1e-12)
+    assert float(auc) == round(roc_auc_score(y, np.r_[tiny["p"], big["p"]]), 4)
 
 
 def test_attack_a_site_below_the_minimum_cell_count_does_not_join():

@@ -83,7 +83,7 @@ def test_the_analyst_cannot_get_the_kept_histogram_by_asking_for_the_round_direc
     args = {"label": "y", "score": "p", "bins": 1000}
     study.aggregate("run.join", join_params(run, "secure_auc", args, study.policy.digest()))
     step = {"run": run, "step": 1, "contributors": sorted(study.sites), "label": "y", "score": "p",
-            "score_range": [0.0, 1.0], "bins": 1000}
+            "score_range": [0.0, 1.0], "bins": 1000, "decimals": None}
     fed = study.federation
     with pytest.raises(sr.RoundError, match="kept by the aggregators"):
         fed.run_query(study.site_objects, "histogram.shares", step)

@@ -17,3 +17,7 @@ def check_joint_scheme(scheme: SharingScheme) -> None:
                          f"sharing; this study uses {scheme.name!r}")
 
 
+
+
+#: The declared analyses whose release is a joint computation on kept sums (checked before their join).
+JOINT_ANALYSES = ("secure_auc",)

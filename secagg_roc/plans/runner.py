@@ -16,6 +16,7 @@ import secrets
 from typing import TYPE_CHECKING, Any, Mapping
 
 from ..queries.run import JOIN
+from ..mpc.joint import JOINT_ANALYSES, check_joint_scheme
 from .base import PlanContext, RunInfo, declared, get_plan
 
 if TYPE_CHECKING:
@@ -36,6 +37,9 @@ def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
     """
     plan = get_plan(analysis)
     policy = study.policy
+    federation = getattr(study, "federation", None)
+    if plan.name in JOINT_ANALYSES and federation is not None:  # refused before the join releases anything
+        check_joint_scheme(federation.scheme)
     args = declared(plan, policy, args)
     run = secrets.token_hex(8)
     joined = study.aggregate(JOIN, join_params(run, analysis, args, policy.digest()))

@@ -94,6 +94,15 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
                 f"{policy.histogram_bins} buckets only; {out['bins']} were asked for (a coarser exact histogram "
                 "minus the finer one would give back the records withheld from small cells)"
             )
+        if (policy.min_cell_count > 1 and "calibration" in policy.analyses
+                and suppression_groups(policy, out["bins"]) == 1):
+            # Crossing grids: a calibration bin minus the released buckets inside it could isolate a record.
+            raise PolicyError(
+                f"policy: exact (federated) score histograms need histogram_bins ({policy.histogram_bins}) to be a "
+                f"multiple of calibration_bins ({policy.calibration_bins}), uniform calibration and the score "
+                "range [0, 1] while the calibration curve is allowed: over crossing grids a calibration bin "
+                "minus the histogram's buckets inside it could give back a withheld record"
+            )
         return out
     out["epsilon"] = policy.check_pure_dp(args.get("epsilon"))
     strategy = args.get("strategy", "uniform")

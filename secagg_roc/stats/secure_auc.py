@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Generator
 
+from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
 from .histogram_plan import declare_bins
@@ -49,10 +50,21 @@ class SecureAuc(float):
         self.mode = "trusted host"
 
 
+#: Decimals of the AUC released when the policy's small-group rules are on (min_cell_count > 1): the exact
+#: AUC is a fraction num / (2 P N), and with the public record count its float would give the class sizes.
+#: Rounded, some numerator fits every split once P N > 5,000 (from about 150 balanced records on).
+AUC_DECIMALS = 4
+
+
 def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     check_score_range(policy, args)
-    return {"label": array_name(args, "label"), "score": array_name(args, "score"),
-            "bins": declare_bins(policy, args.get("bins"))}
+    bins = declare_bins(policy, args.get("bins"))
+    if policy.min_cell_count > 1 and bins != policy.histogram_bins:
+        # A coarser AUC's numerator, with the class sizes, is a coarse exact histogram: minus the Federated
+        # one's released cells it would give back the records those withheld.
+        raise PolicyError(f"policy: the secure AUC uses the study's grid of histogram_bins = "
+                          f"{policy.histogram_bins} buckets while small cells are withheld; {bins} were asked for")
+    return {"label": array_name(args, "label"), "score": array_name(args, "score"), "bins": bins}
 
 
 @plan("secure_auc", declare=_declare, uses=label_score_uses)
@@ -61,9 +73,15 @@ def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step,
     if ctx.run.records >= MAX_RECORDS:
         raise ValueError(f"the secure AUC takes fewer than {MAX_RECORDS} records")
     lo, hi = ctx.policy.score_range
+    # The release's precision is a parameter of the round: every site checks it against its own plan, so the
+    # aggregators that round the AUC (`released_auc`) do as the policy says, not as the analyst would like.
+    decimals = None if ctx.policy.min_cell_count == 1 else AUC_DECIMALS
     value = yield Step("histogram.shares", {"label": args["label"], "score": args["score"], "score_range": [lo, hi],
-                                            "bins": args["bins"]})
+                                            "bins": args["bins"], "decimals": decimals})
     return SecureAuc(float(value), ctx.run.records, ctx.run.contributors, args["bins"])
+
+
+
 
 
 def secure_auc(study: "Study", label: str, score: str, *, bins: int | None = None) -> SecureAuc:
