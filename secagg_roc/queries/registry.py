@@ -147,7 +147,26 @@ def lookup(name: str) -> SiteQuery:
         ) from None
 
 
+def _finite(f: float) -> float:
+    if not math.isfinite(f):
+        raise SiteQueryError(f"query parameters must be finite, got {f}")
+    return f
+
+
 def _jsonable(value: Any) -> Any:
+    # Fast paths for the plain Python values that make up most parameters (a round's parameters are
+    # canonicalized many times); the same results as the general chain below.
+    t = type(value)
+    if t is float:
+        return _finite(value)
+    if t is str or t is int or t is bool or value is None:
+        return value
+    if t is dict:
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        if all(type(v) is float or type(v) is int for v in value):
+            return [_finite(v) if type(v) is float else v for v in value]
+        return [_jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
         return [_jsonable(v) for v in value.tolist()]
     if isinstance(value, (np.integer,)):

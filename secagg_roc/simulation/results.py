@@ -124,7 +124,7 @@ def plot_figures(rows: list[dict[str, Any]], out_dir: str | os.PathLike) -> list
     files = []
     for key, fname, what in (("mae_auc", "fig4_auc_error.png", "mean |AUC_emp - AUC_distributed|"),
                              ("mae_ci", "fig5_ci_error.png", "mean Delta ci (sum of both bounds' errors)")):
-        fig, axes = plt.subplots(1, len(l2s) + 1, figsize=(3.2 * (len(l2s) + 1), 5.2), sharey=True,
+        fig, axes = plt.subplots(1, len(l2s) + 1, figsize=(3.2 * (len(l2s) + 1), 5.2), sharey=True, layout="constrained",
                                  gridspec_kw={"width_ratios": [1.0] * len(l2s) + [0.2]})
         norm = TwoSlopeNorm(vmin=-4.0, vcenter=np.log10(ACCEPTABLE), vmax=0.0)
         image = None
@@ -133,8 +133,9 @@ def plot_figures(rows: list[dict[str, Any]], out_dir: str | os.PathLike) -> list
             for r in rows:
                 if r["l2_sensitivity"] == l2 and r["epsilon"] > 0 and np.isfinite(r[key]):
                     m[r["bin"], combos.index((r["epsilon"], r["delta"]))] = np.log10(max(r[key], 1e-6))
-            image = ax.imshow(m, origin="lower", aspect="auto", cmap="coolwarm", norm=norm,
+            image = ax.imshow(m, origin="lower", aspect="auto", cmap="RdYlBu_r", norm=norm,
                               extent=(-0.5, len(combos) - 0.5, 0.5, 1.0))
+            ax.set_facecolor("0.85")
             ax.set_title(f"l2-sensitivity {l2:g}", fontsize=9)
             ax.set_xticks(range(len(combos)))
             ax.set_xticklabels([f"e{e:g} d{d:g}" for e, d in combos], rotation=90, fontsize=5)
@@ -143,12 +144,13 @@ def plot_figures(rows: list[dict[str, Any]], out_dir: str | os.PathLike) -> list
         bm = np.full((N_BINS, 1), np.nan)
         for b, v in base.items():
             bm[b, 0] = np.log10(max(v, 1e-6))
-        axes[-1].imshow(bm, origin="lower", aspect="auto", cmap="coolwarm", norm=norm, extent=(-0.5, 0.5, 0.5, 1.0))
+        axes[-1].imshow(bm, origin="lower", aspect="auto", cmap="RdYlBu_r", norm=norm, extent=(-0.5, 0.5, 0.5, 1.0))
+        axes[-1].set_facecolor("0.85")
         axes[-1].set_title("no noise", fontsize=9)
         axes[-1].set_xticks([])
         cbar = fig.colorbar(image, ax=list(axes), shrink=0.8)
-        cbar.set_label(f"log10 {what}; red above {ACCEPTABLE}, blue below")
-        fig.suptitle(f"{what} per AUC bin and DP setting (epsilon e, delta d); empty cells: no data", fontsize=10)
+        cbar.set_label(f"log10 {what}; red above {ACCEPTABLE}, blue below", fontsize=8)
+        fig.suptitle(f"{what} per AUC bin and DP setting (epsilon e, delta d); grey: no data", fontsize=10)
         path = Path(out_dir) / fname
         fig.savefig(path, dpi=120)
         plt.close(fig)
