@@ -140,6 +140,19 @@ def test_dask_and_serial_give_the_same_lines(tmp_path: Path) -> None:
         assert sorted(lines(out)[1:]) == sorted(lines(serial)[1:])
 
 
+def test_cli_on_an_existing_scheduler_gives_the_serial_lines(tmp_path: Path, capsys) -> None:
+    pytest.importorskip("distributed")
+    from secagg_roc.simulation.dask_backend import dask_client
+
+    args = ["simulate", "--datasets", "2", "--settings", "0,1", "--seed", str(SEED), "--no-progress"]
+    assert main([*args, "--out", str(tmp_path / "serial")]) == 0
+    with dask_client(workers=1) as client:
+        assert main([*args, "--out", str(tmp_path / "dask"), "--scheduler", client.scheduler.address]) == 0
+    assert "4 tasks run" in capsys.readouterr().out
+    serial, dask = (lines(tmp_path / d / "results.jsonl") for d in ("serial", "dask"))
+    assert serial[0] == dask[0] and sorted(serial) == sorted(dask)
+
+
 def test_cli_end_to_end_and_summarize(tmp_path: Path, capsys) -> None:
     out = tmp_path / "sim"
     args = ["simulate", "--datasets", "2", "--settings", "0,63", "--out", str(out), "--seed", str(SEED),

@@ -2,7 +2,8 @@
 
 `dask_executor` returns an executor for `runner.run`: batches of tasks go to
 the workers of a `distributed.LocalCluster` started here (`workers` processes,
-one thread each: the work is Python-bound) or of an existing scheduler
+one thread each: the work is Python-bound; no profiler, no eager memory
+trimming) or of an existing scheduler
 (`scheduler`, e.g. ``tcp://10.0.0.5:8786``). At most a few batches per worker
 are in flight, so a grid of a million tasks never sits in the scheduler at
 once; records come back as batches finish (any order) and the runner appends
@@ -39,8 +40,15 @@ def dask_client(workers: int | None = None, scheduler: str | None = None) -> Ite
         return
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    import dask
+
+    # The workers' statistical profiler and glibc's eager memory trimming cost CPU on these short,
+    # allocation-heavy tasks; a simulation's workers hold little memory and nobody reads the profile.
+    quiet = {"distributed.worker.profile.enabled": False,
+             "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+    with dask.config.set(quiet), LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None,
+            silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
         yield client
 
 
