@@ -86,6 +86,7 @@ class Setting:
 
     @property
     def name(self) -> str:
+        """``base``, or ``l2=0.05,eps=0.3,delta=0.2`` (also accepted by `parse_settings`)."""
         if not self.private:
             return "base"
         return f"l2={self.l2_sensitivity:g},eps={self.epsilon:g},delta={self.delta:g}"
@@ -99,6 +100,7 @@ class Setting:
         return float(gaussian_sigma(self.l2_sensitivity, self.epsilon, self.delta, mechanism))
 
     def to_dict(self) -> dict[str, Any]:
+        """The setting as plain values (as in a results file's header)."""
         return asdict(self)
 
 

@@ -112,11 +112,8 @@ def table_markdown(rows: list[dict[str, Any]], header: dict[str, Any] | None = N
 
 def plot_figures(rows: list[dict[str, Any]], out_dir: str | os.PathLike) -> list[Path]:
     """Figures 4 and 5 as heatmaps: a panel per l2-sensitivity, AUC bins x (epsilon, delta); needs matplotlib."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.figure import Figure  # no pyplot: the caller's backend and figures stay untouched
 
     grid = paper_grid()
     l2s = sorted({s.l2_sensitivity for s in grid if s.private})
@@ -124,8 +121,8 @@ def plot_figures(rows: list[dict[str, Any]], out_dir: str | os.PathLike) -> list
     files = []
     for key, fname, what in (("mae_auc", "fig4_auc_error.png", "mean |AUC_emp - AUC_distributed|"),
                              ("mae_ci", "fig5_ci_error.png", "mean Delta ci (sum of both bounds' errors)")):
-        fig, axes = plt.subplots(1, len(l2s) + 1, figsize=(3.2 * (len(l2s) + 1), 5.2), sharey=True, layout="constrained",
-                                 gridspec_kw={"width_ratios": [1.0] * len(l2s) + [0.2]})
+        fig = Figure(figsize=(3.2 * (len(l2s) + 1), 5.2), layout="constrained")
+        axes = fig.subplots(1, len(l2s) + 1, sharey=True, gridspec_kw={"width_ratios": [1.0] * len(l2s) + [0.2]})
         norm = TwoSlopeNorm(vmin=-4.0, vcenter=np.log10(ACCEPTABLE), vmax=0.0)
         image = None
         for ax, l2 in zip(axes, l2s):
@@ -153,7 +150,6 @@ def plot_figures(rows: list[dict[str, Any]], out_dir: str | os.PathLike) -> list
         fig.suptitle(f"{what} per AUC bin and DP setting (epsilon e, delta d); grey: no data", fontsize=10)
         path = Path(out_dir) / fname
         fig.savefig(path, dpi=120)
-        plt.close(fig)
         files.append(path)
     return files
 
