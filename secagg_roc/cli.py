@@ -105,8 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     from .deploy.cli_status import add_status_parser
 
     from .compare_cli import add_compare_parser
+    from .simulation.cli import add_simulate_parser
 
     add_compare_parser(sub)
+    add_simulate_parser(sub)
     add_keys_parser(sub)
     add_service_parsers(sub)
     add_analyze_parser(sub)

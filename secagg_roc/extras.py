@@ -3,7 +3,8 @@
 A base install (``pip install secagg-roc``: numpy, scipy, cryptography) runs
 the library, the embedded demo, ``keys`` and ``site check``. The network
 parties need ``[deploy]`` (aiohttp for the aggregator's HTTPS service, tqdm
-for the analyst's progress, tomli-w to write study files); plots need ``[plot]`` (matplotlib). The CLI
+for the analyst's progress, tomli-w to write study files); plots need ``[plot]`` (matplotlib); ``simulate --workers/--scheduler``
+needs ``[dask]`` (dask.distributed). The CLI
 checks the extra of a command before it imports anything of it, so a missing
 extra is one line naming the ``pip install`` to run, never a traceback.
 """
@@ -18,6 +19,7 @@ __all__ = ["EXTRAS", "MissingExtra", "missing", "require"]
 EXTRAS: dict[str, tuple[str, ...]] = {
     "deploy": ("aiohttp", "tqdm", "tomli_w"),
     "plot": ("matplotlib",),
+    "dask": ("dask", "distributed"),
 }
 
 
