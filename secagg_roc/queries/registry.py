@@ -161,8 +161,9 @@ def _jsonable(value: Any) -> Any:
     if kind is list or kind is tuple:
         kinds = set(map(type, value))
         if kinds <= _PLAIN:
-            if float in kinds and not all(map(math.isfinite, value)):
-                raise SiteQueryError(f"query parameters must be finite, got {[v for v in value if not math.isfinite(v)][0]}")
+            bad = [v for v in value if type(v) is float and not math.isfinite(v)] if float in kinds else []
+            if bad:
+                raise SiteQueryError(f"query parameters must be finite, got {bad[0]}")
             return list(value)
         return [_jsonable(v) for v in value]
     if kind is dict:
