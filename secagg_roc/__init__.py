@@ -54,7 +54,10 @@ from .study import LocalStudy, Study, Totals
 
 __version__ = "0.1.0"
 
+from .compare import compare_schemes  # noqa: E402  (after the statistics it runs)
+
 __all__ = [
+    "compare_schemes",
     "BrierScore",
     "CalibrationCurve",
     "CombineError",
