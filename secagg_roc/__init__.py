@@ -51,10 +51,9 @@ from .stats import (
     secure_auc,
 )
 from .study import LocalStudy, Study, Totals
+from .compare import compare_schemes  # after the statistics and the study it runs
 
 __version__ = "0.1.0"
-
-from .compare import compare_schemes  # noqa: E402  (after the statistics it runs)
 
 __all__ = [
     "compare_schemes",
