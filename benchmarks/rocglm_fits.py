@@ -6,7 +6,7 @@
 Fits the ROC-GLM through an embedded study (`Study.local` with its default
 arguments: every round goes through the sites' and aggregators' checks) and
 `pooled.roc_glm` on the same records for `--seconds` each, and prints both
-rates and their ratio. Target (issue 9): 200 fits/s per core.
+rates and their ratio. The target is 200 fits/s per core.
 """
 
 from __future__ import annotations
