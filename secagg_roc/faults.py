@@ -8,8 +8,9 @@ threat model tolerates (`sharing.ThreatModel`): an exact total where a scheme to
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -66,6 +67,20 @@ class FaultInjection:
         """Make aggregator `aggregator` malicious: every release it sends has its vector replaced by
         `alter(vector)` (default: the lowest bit of the first element flipped), until `honest`."""
         self._tampering[self._aggregator_index(aggregator)] = alter or flip_first_bit
+
+    @contextlib.contextmanager
+    def _faults(self, drop: Mapping[int | str, str] | Iterable[int | str],
+                corrupt: Mapping[int, Callable[[np.ndarray], np.ndarray] | None] | Iterable[int]) -> Iterator[None]:
+        """`take_down` and `tamper` for the duration of one call, then the parties as they were."""
+        saved = dict(self._down), dict(self._sites_down), dict(self._tampering)
+        try:
+            for party, at in (drop.items() if isinstance(drop, Mapping) else ((p, "open") for p in drop)):
+                self.take_down(party, at=at)
+            for j, alter in (corrupt.items() if isinstance(corrupt, Mapping) else ((j, None) for j in corrupt)):
+                self.tamper(j, alter)
+            yield
+        finally:
+            self._down, self._sites_down, self._tampering = saved
 
     def honest(self, aggregator: int) -> None:
         """Undo `tamper` for `aggregator`."""

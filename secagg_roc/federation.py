@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -154,12 +154,22 @@ class LocalFederation(FaultInjection):
         records: Mapping[str, int] | None = None,
         *,
         frac_bits: int | None = None,
+        drop: Mapping[int | str, str] | Iterable[int | str] = (),
+        corrupt: Mapping[int, Callable[[np.ndarray], np.ndarray] | None] | Iterable[int] = (),
     ) -> np.ndarray:
         """The sum of the sites' arrays, computed through shares; exact for integer arrays.
 
         `records` (site -> record count) makes q apply to their total; without
-        it only `min_sites` applies.
+        it only `min_sites` applies. For this call only, `drop` takes parties
+        down (aggregator indices or site names, or a mapping to the phase, as
+        `take_down`) and `corrupt` makes aggregators alter their releases (indices,
+        or index -> alteration, as `tamper`): the schemes' tolerance, one call at a time.
         """
+        with self._faults(drop, corrupt):
+            return self._secure_sum(values, records, frac_bits)
+
+    def _secure_sum(self, values: Mapping[str, np.ndarray], records: Mapping[str, int] | None,
+                    frac_bits: int | None) -> np.ndarray:
         unknown = set(values) - set(self.sites)
         if unknown:
             raise SiteQueryError(f"unknown site(s) {sorted(unknown)}; registered: {list(self.sites)}")

@@ -204,3 +204,26 @@ def test_pairwise_threshold_above_the_neighbourhood_is_refused_and_large_rounds_
     np.testing.assert_allclose(fed.secure_sum(vals), sum(v for s, v in vals.items() if s != "s7"))
     shares_to = [e for e in fed.transcript("s0") if e.kind == "EncryptedShare"]
     assert 0 < len(shares_to) < len(sites) - 1  # s0 received shares from its neighbours only
+
+
+def test_secure_sum_takes_per_call_failures_and_cheats():
+    """`drop` and `corrupt` hold for one call: exact where the scheme tolerates them, a clear error or
+    TamperError where it does not, and the next call runs with every party again."""
+    vals = {s: np.arange(3.0) + i for i, s in enumerate(SITES)}
+    fed = sr.LocalFederation(SITES, scheme="shamir", n_aggregators=5, threshold=3)
+    np.testing.assert_allclose(fed.secure_sum(vals, drop=[0, 4]), exact(vals))
+    np.testing.assert_allclose(fed.secure_sum(vals, drop={1: "close", 2: "share"}), exact(vals))
+    with pytest.raises(sr.RoundError, match=r"aggregators \[0, 1, 2\] do not answer"):
+        fed.secure_sum(vals, drop=[0, 1, 2])
+    with pytest.raises(sr.TamperError) as info:
+        fed.secure_sum(vals, corrupt=[3])
+    assert info.value.suspects == (3,)
+    np.testing.assert_allclose(fed.secure_sum(vals), exact(vals))  # nothing carried over
+    assert not fed._down and not fed._tampering
+    pw = sr.LocalFederation(SITES, scheme="pairwise", threshold=2)
+    got = pw.secure_sum(vals, drop={"h3": "share", "h2": "unmask"})
+    np.testing.assert_allclose(got, vals["h0"] + vals["h1"] + vals["h2"])
+    assert pw.last_contributors == ("h0", "h1", "h2")
+    rep = sr.LocalFederation(SITES, scheme="replicated")
+    with pytest.raises(sr.TamperError, match="aggregator 1 altered"):
+        rep.secure_sum(vals, corrupt={1: lambda v: v + np.uint64(5)})
