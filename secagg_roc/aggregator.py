@@ -197,16 +197,19 @@ class Aggregator:
         if self.keep_settled is None:
             return
         self._settled.append(number)
-        needed = self.runbook.rounds_in_use()
-        while len(self._settled) > self.keep_settled:
-            old = self._settled.popleft()
-            if old in needed or old in self._release_order or old in self.kept:
-                self._settled.append(old)  # still needed: look again later
-                if all(n in needed or n in self._release_order or n in self.kept for n in self._settled):
-                    break
-                continue
-            self.rounds.pop(old, None)
-            self._retired_max = max(self._retired_max, old)
+        if len(self._settled) <= self.keep_settled:
+            return
+        needed = self.runbook.rounds_in_use() | set(self._release_order) | set(self.kept)
+        excess = len(self._settled) - self.keep_settled
+        kept: deque[int] = deque()
+        for old in self._settled:  # oldest first; one pass, whatever is still needed stays in order
+            if excess and old not in needed:
+                self.rounds.pop(old, None)
+                self._retired_max = max(self._retired_max, old)
+                excess -= 1
+            else:
+                kept.append(old)
+        self._settled = kept
 
     def handle(self, message: Message) -> Message:
         """Apply one message and return the reply. Errors raise; state is unchanged by them."""

@@ -340,7 +340,7 @@ class LocalFederation(FaultInjection):
                 ack = self._deliver(name, agg.name, share, handler=agg)
                 self._deliver(agg.name, name, ack)
                 if self._pairwise is not None and share.vector is not None and not share.encoding.raw:
-                    self._pairwise.masked(query, name, share.vector)
+                    self._pairwise.masked(query, name)
         return refusals
 
     def _agree(self, query: Query) -> tuple[str, ...]:

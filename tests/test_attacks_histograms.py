@@ -240,3 +240,16 @@ def test_a_site_never_takes_in_a_release_combined_over_two_contributor_sets():
         sites["h0"].receive_release([mixed[0], mixed[3]])
     with pytest.raises(CombineError):
         combine(mixed[:1], fed.scheme)
+
+
+def test_the_analyst_cannot_ask_for_an_unrounded_secure_auc():
+    """The AUC's precision is a parameter of its round: a round asking for it exact (or finer) while the
+    small-group rules are on does not follow any site's plan, so no site answers it."""
+    study = _study()
+    release_mpc = study.release_mpc
+    study.release_mpc = lambda n, p=None, **kw: release_mpc(n, {**p, "decimals": None}, **kw)
+    with pytest.raises(PolicyError, match="'decimals' differs"):
+        sr.secure_auc(study, label="y", score="p")
+    study.release_mpc = lambda n, p=None, **kw: release_mpc(n, {**p, "decimals": 12}, **kw)
+    with pytest.raises(PolicyError, match="'decimals' differs"):
+        sr.secure_auc(study, label="y", score="p")

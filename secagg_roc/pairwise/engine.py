@@ -336,6 +336,15 @@ class PairwiseServer:
             np.add(self._acc, y, out=self._acc)
         self._masked.add(msg.site)
 
+    def note_masked(self, site: int) -> None:
+        """Run by a server whose round sums the masked vectors itself (a study's aggregator): `site` sent one,
+        checked there; hand that sum to `total`."""
+        self._need(MASKED_INPUT, f"MaskedInput from site {site}")
+        self._known(site, SHARE_KEYS, "MaskedInput")
+        if site in self._masked:
+            raise RoundError(f"site {site} already sent its masked input")
+        self._masked.add(site)
+
     # ----------------------------------------------------------------- Unmasking
 
     def unmask_request(self) -> UnmaskRequest:
@@ -365,13 +374,19 @@ class PairwiseServer:
             self._s_shares.setdefault(owner, {})[msg.site] = share
         self._responded.add(msg.site)
 
-    def total(self) -> np.ndarray:
-        """Run by the server: the exact sum of the survivors' inputs, mod 2^64 (closes Unmasking)."""
+    def total(self, masked_sum: np.ndarray | None = None) -> np.ndarray:
+        """Run by the server: the exact sum of the survivors' inputs, mod 2^64 (closes Unmasking).
+
+        `masked_sum` is the survivors' masked vectors summed elsewhere (after `note_masked`); by default
+        the sum `receive_masked` kept."""
         if self._total is not None:
             return self._total.copy()
         self._need(UNMASKING, "total")
         req, t = self._request, self.threshold
-        acc = self._acc.copy()  # a copy: a failure below leaves the round's sum as it was
+        kept = self._acc if masked_sum is None else masked_sum
+        if kept is None:
+            raise RoundError("total refused: no masked input was summed")
+        acc = np.array(kept, dtype=np.uint64, copy=True)  # a copy: a failure below leaves the sum as it was
         for v in sorted(req.survivors):
             shares = self._b_shares.get(v, {})
             if len(shares) < t:

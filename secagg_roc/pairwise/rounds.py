@@ -15,17 +15,15 @@ of this.
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from typing import Callable, Mapping
 
-import numpy as np
 
 from ..errors import RoundError
 from ..messages import AggregateShare, Query
 from ..transcript import Transcript
 from .engine import PairwiseClient, PairwiseServer
 from .graph import complete_graph, default_degree, neighbour_graph
-from .messages import MaskedInput, PairwiseMessage, decode
+from .messages import PairwiseMessage, decode
 
 #: Up to this many sites a round uses the complete graph; beyond, SecAgg+'s sparse one.
 COMPLETE_UP_TO = 16
@@ -48,7 +46,7 @@ class PairwiseRounds:
         self._servers: dict[int, PairwiseServer] = {}
         self._clients: dict[int, dict[str, PairwiseClient]] = {}
         self._sessions: dict[int, Mapping[str, dict[int, object]]] = {}
-        self._masked: dict[int, dict[str, np.ndarray]] = {}
+        self._masked: dict[int, set[str]] = {}
 
     def _send(self, sender: str, receiver: str, message: PairwiseMessage) -> PairwiseMessage:
         if self.wire:
@@ -87,27 +85,21 @@ class PairwiseRounds:
                 client.receive_shares(inbox)
                 sessions[name][number] = client
 
-    def masked(self, query: Query, site: str, vector: np.ndarray) -> None:
-        """Run by the server: a site's masked vector, accepted by the round, noted for the unmasking."""
+    def masked(self, query: Query, site: str) -> None:
+        """Run by the server: a site's masked vector was accepted by the round (which sums it)."""
         if query.round_id.number in self._servers:
-            self._masked.setdefault(query.round_id.number, {})[site] = vector
+            self._masked.setdefault(query.round_id.number, set()).add(site)
 
     def feed(self, query: Query, contributors: tuple[str, ...]) -> None:
-        """Run by the server before the close: the contributors' masked vectors into the engine's sum. Sites
-        whose vectors differ in length from the most common one are named, whichever came first."""
+        """Run by the server before the close: which contributors sent a masked vector. The round sums the
+        vectors (and names sites whose layout differs from the others', whichever came first)."""
         number = query.round_id.number
-        server, held = self._servers.get(number), self._masked.get(number, {})
+        server, held = self._servers.get(number), self._masked.get(number, set())
         if server is None:
             return
-        lengths = Counter(held[s].size for s in contributors if s in held)
-        if len(lengths) > 1:
-            common = max(lengths, key=lambda n: lengths[n])
-            odd = sorted(s for s in contributors if s in held and held[s].size != common)
-            raise RoundError(f"cannot close {query.round_id}: the masked inputs of {odd} differ in length from the "
-                             "other contributors' (those sites computed something else)")
         for site in contributors:
             if site in held:
-                server.receive_masked(MaskedInput(server.round_id, self.index[site], held[site]))
+                server.note_masked(self.index[site])
 
     def unmask(self, query: Query, contributors: tuple[str, ...], share: AggregateShare,
                down: Mapping[str, str]) -> AggregateShare:
@@ -124,7 +116,7 @@ class PairwiseRounds:
                 req = self._send(self.server_name, name, request)
                 reply = self._clients[number][name].unmask(req)
                 server.receive_unmask(self._send(name, self.server_name, reply))
-        return dataclasses.replace(share, vector=server.total())
+        return dataclasses.replace(share, vector=server.total(share.vector))
 
     def discard(self, number: int) -> None:
         """Forget a finished or failed round's keys and sums."""
