@@ -54,7 +54,7 @@ from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
 from .quorum import TooFewAggregators, gather_quorum
 from .party_process import announce, hold_lock, stop_event
-from .site_answers import SiteAnswers
+from .site_answers import SiteAnswers, _refusal_of as _refusal
 from .site_check import site_check
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
@@ -131,6 +131,8 @@ class SiteAgent(SiteAnswers):
         for number, answer in sorted(self.answers.items()):
             if answer.kind == "shares" and number not in self.settled:
                 self._fetch_release(number)  # answered before a restart: its release may be waiting
+                if self.pairwise.masks(self.queries[number]):
+                    self._unmask(number)  # and its unmask request may be waiting for this site's answer
         followers = [asyncio.create_task(self._follow(j)) for j in range(len(self.clients))]
         await stop.wait()
         self._stopping = True
@@ -204,18 +206,26 @@ class SiteAgent(SiteAnswers):
             cached = self.answers.get(number)
             if cached is None:
                 await self._await_previous(message)
-                cached = await loop.run_in_executor(None, self._answer, message)
+                if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
+                    cached = await self._agree_keys(message)
+                if cached is None:
+                    cached = await loop.run_in_executor(None, self._answer, message)
+                self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
             elif cached.round_id != message.round_id:
                 log.warning("round %d offered for a second, different query; refused", number)
                 return
             elif cached.outputs is None:  # logged before a restart: re-create the identical shares
                 if number in self.settled:
                     return  # released already: nothing left to send
+                if self.pairwise.masks(message):
+                    self.pairwise.restore_session(number)  # masks again with the logged masks
                 cached = await loop.run_in_executor(None, self._recreate, message, cached)
         # The feed of `source` lists only rounds it has no answer of ours for, so send it ours again
         # even if it refused it before (it may not have had the query yet, e.g. after a restart).
         assert cached.outputs is not None
         self._push_all(number, cached.outputs, force=source)
+        if cached.kind == "shares" and self.pairwise.masks(message):
+            self._unmask(number)
         if cached.kind == "shares" and number not in self.settled and _small(cached.outputs):
             # Small releases are fetched at once, to be ready for the next step; large ones only when the
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
@@ -236,6 +246,28 @@ class SiteAgent(SiteAnswers):
         except asyncio.TimeoutError:
             raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
                            "which the aggregators do not have yet") from None
+
+    # -- pairwise masking ------------------------------------------------------------
+
+    async def _agree_keys(self, query: Query):
+        """Run round `query`'s key agreement with the server; None, or the logged refusal if it failed."""
+        give_up = asyncio.get_running_loop().time() + self.config.round_timeout_s
+        try:
+            await self.pairwise.session(query, self.clients[0], give_up)
+            return None
+        except (SecAggError, ValueError) as exc:  # e.g. the server closed a phase without this site
+            if isinstance(exc, TransportError):
+                raise  # the server is unreachable: the round comes back with the feed, resumed from the log
+            answer = self._refuse(query, _refusal(self.name, query, exc))
+            self.answers[query.round_id.number] = answer
+            return answer
+
+    def _unmask(self, number: int) -> None:
+        """Answer round `number`'s unmask request once the server asks it (a background task)."""
+        give_up = asyncio.get_running_loop().time() + (ABANDON_FACTOR + 1.0) * self.config.round_timeout_s
+        task = asyncio.create_task(self.pairwise.unmask(number, self.clients[0], give_up, self.settled))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     # -- releases ----------------------------------------------------------------
 
@@ -299,6 +331,7 @@ class SiteAgent(SiteAnswers):
             log.error("an aggregator answered the release of round %d with something else; ignored", number)
             return
         await loop.run_in_executor(None, self._take_release, number, list(shares))
+        self.pairwise.forget(number)
 
     # -- pushing -----------------------------------------------------------------
 
