@@ -150,7 +150,8 @@ def status_for(exc: BaseException) -> int:
 
 def error_reply(exc: BaseException) -> ErrorReply:
     """The `ErrorReply` carrying `exc`'s class name and text."""
-    code = type(exc).__name__ if type(exc).__name__ in ERROR_CLASSES else "ServiceError"
+    # A subclass (e.g. pairwise masking's TooFewSurvivors) travels as its nearest known class.
+    code = next((c.__name__ for c in type(exc).__mro__ if ERROR_CLASSES.get(c.__name__) is c), "ServiceError")
     return ErrorReply(code, str(exc) or code)
 
 
