@@ -6,6 +6,7 @@ messages out of place are refused; a site answers one unmask request per round, 
 
 from __future__ import annotations
 
+import json
 import sqlite3
 
 import numpy as np
@@ -136,6 +137,35 @@ def test_a_site_down_from_the_start_leaves_the_exact_total_of_the_others(tmp_pat
     with cl.start(sites=["site-a", "site-b"]), cl.study() as study:
         brier = sr.brier_score(study, "y", "score")
     assert float(brier) == float(sr.brier_score(embedded(cl, ["site-a", "site-b"], scheme="pairwise"), "y", "score"))
+
+
+def test_a_site_killed_in_the_key_agreement_resumes_it_with_the_keys_it_logged(tmp_path) -> None:
+    """kill -9 after its keys reached the server: the restarted site re-sends the same keys (logged before
+    they left), never a second key pair, and the round completes exactly."""
+    import concurrent.futures
+    import time
+
+    data = make_data(8, {"site-a": 12, "site-b": 15, "site-c": 20})
+    cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", round_timeout_s=20.0,
+                      policy={"min_cell_count": 1})
+    with cl.start(sites=["site-a", "site-b"]), cl.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(sr.brier_score, study, "y", "score")
+        end = time.monotonic() + 15
+        while ("pairwise:keys", 0, "site-a") not in _log(cl, "agg-1"):  # the join's keys phase waits for site-c
+            assert time.monotonic() < end, "site-a's keys never reached the server"
+            time.sleep(0.05)
+        cl.kill("site-a")
+        cl.start_party("site-a")
+        cl.start_party("site-c")
+        brier = future.result(timeout=120)
+    assert float(brier) == float(sr.brier_score(embedded(cl, scheme="pairwise"), "y", "score"))
+    assert [e for e in _log(cl, "agg-1") if e[0] == "pairwise:keys" and e[2] == "site-a"][:1] == [
+        ("pairwise:keys", 0, "site-a")]
+    assert sum(1 for e in _log(cl, "agg-1") if e == ("pairwise:keys", 0, "site-a")) == 1
+    with sqlite3.connect(f"file:{cl.folder / 'state' / 'site-a.sqlite'}?mode=ro", uri=True) as db:
+        phases = [json.loads(json.loads(b)["client"])["phase"]
+                  for (b,) in db.execute("SELECT body FROM log WHERE kind = 'pairwise' AND number = 0 ORDER BY seq")]
+    assert phases == ["advertised", "shared", "received", "answered"]  # one key pair, one sharing, one answer
 
 
 # -- raw messages ---------------------------------------------------------------------------------------
