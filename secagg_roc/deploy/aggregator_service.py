@@ -144,8 +144,7 @@ class AggregatorService:
         app.router.add_get("/v1/feed", self._feed)
         app.router.add_get("/v1/info", self._info)
         app.router.add_get("/v1/presence", self._presence)
-        if self.state.pairwise is not None:  # the sites' phases of pairwise masking
-            add_routes(self, app)
+        add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         host, port = self.agg_config.listen
@@ -296,7 +295,7 @@ class AggregatorService:
         if kind == "status":
             async with self._lock:
                 return _reply(self.state.status(message.round_id))
-        if kind == "close" and self.state.pairwise is not None:
+        if kind == "close":
             await before_close(self, message, body)  # pairwise masking: first the survivors' unmask answers
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:

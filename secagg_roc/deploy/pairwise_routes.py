@@ -38,7 +38,9 @@ _SITE = frozenset({"site"})
 
 
 def add_routes(service: "AggregatorService", app: web.Application) -> None:
-    """Serve the sites' pairwise endpoints on `app`."""
+    """Serve the sites' pairwise endpoints on `app` (under a pairwise-masking study only)."""
+    if service.state.pairwise is None:
+        return
 
     async def post(request: web.Request) -> web.Response:
         peer = service._peer(request, _SITE)
@@ -89,6 +91,8 @@ async def before_close(service: "AggregatorService", close: CloseRound, body: by
     """Run before the analyst's close of a masked round: end its masked input phase over the contributors
     the close names (logged), then wait (at most `unmask_wait`) for every survivor's unmask answer."""
     relay = service.state.pairwise
+    if relay is None:
+        return
     number = close.round_id.number
     service.state.status(close.round_id)  # an unknown or abandoned round is refused as it always is
     if relay.waits_for_close(number):

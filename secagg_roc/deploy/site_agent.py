@@ -54,7 +54,7 @@ from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
 from .quorum import TooFewAggregators, gather_quorum
 from .party_process import announce, hold_lock, stop_event
-from .site_answers import SiteAnswers, _refusal_of as _refusal
+from .site_answers import SiteAnswers
 from .site_check import site_check
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
@@ -132,7 +132,8 @@ class SiteAgent(SiteAnswers):
             if answer.kind == "shares" and number not in self.settled:
                 self._fetch_release(number)  # answered before a restart: its release may be waiting
                 if self.pairwise.masks(self.queries[number]):
-                    self._unmask(number)  # and its unmask request may be waiting for this site's answer
+                    # and its unmask request may be waiting for this site's answer
+                    self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
         followers = [asyncio.create_task(self._follow(j)) for j in range(len(self.clients))]
         await stop.wait()
         self._stopping = True
@@ -207,7 +208,7 @@ class SiteAgent(SiteAnswers):
             if cached is None:
                 await self._await_previous(message)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
-                    cached = await self._agree_keys(message)
+                    cached = await self.pairwise.agree(message, self.clients[0])
                 if cached is None:
                     cached = await loop.run_in_executor(None, self._answer, message)
                 self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
@@ -225,7 +226,7 @@ class SiteAgent(SiteAnswers):
         assert cached.outputs is not None
         self._push_all(number, cached.outputs, force=source)
         if cached.kind == "shares" and self.pairwise.masks(message):
-            self._unmask(number)
+            self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
         if cached.kind == "shares" and number not in self.settled and _small(cached.outputs):
             # Small releases are fetched at once, to be ready for the next step; large ones only when the
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
@@ -246,28 +247,6 @@ class SiteAgent(SiteAnswers):
         except asyncio.TimeoutError:
             raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
                            "which the aggregators do not have yet") from None
-
-    # -- pairwise masking ------------------------------------------------------------
-
-    async def _agree_keys(self, query: Query):
-        """Run round `query`'s key agreement with the server; None, or the logged refusal if it failed."""
-        give_up = asyncio.get_running_loop().time() + self.config.round_timeout_s
-        try:
-            await self.pairwise.session(query, self.clients[0], give_up)
-            return None
-        except (SecAggError, ValueError) as exc:  # e.g. the server closed a phase without this site
-            if isinstance(exc, TransportError):
-                raise  # the server is unreachable: the round comes back with the feed, resumed from the log
-            answer = self._refuse(query, _refusal(self.name, query, exc))
-            self.answers[query.round_id.number] = answer
-            return answer
-
-    def _unmask(self, number: int) -> None:
-        """Answer round `number`'s unmask request once the server asks it (a background task)."""
-        give_up = asyncio.get_running_loop().time() + (ABANDON_FACTOR + 1.0) * self.config.round_timeout_s
-        task = asyncio.create_task(self.pairwise.unmask(number, self.clients[0], give_up, self.settled))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     # -- releases ----------------------------------------------------------------
 

@@ -36,6 +36,7 @@ from ..pairwise.messages import EncryptedShare, NeighbourKeys, PairwiseMessage, 
 from ..pairwise.rounds import plan_round
 from ..queries import QUERIES
 from ..queries.run import JOIN
+from .aggregator_state import ABANDON_FACTOR
 from .http import AggregatorClient, retry
 from .http_protocol import TransportError
 from .pairwise_relay import POLL_TYPE, pack, unpack
@@ -135,6 +136,30 @@ class SitePairwise:
         if c._phase != "received":  # noqa: SLF001
             raise RoundError(f"round {number}: this site masked its input already; it is not masked twice")
         self.answers.site.sessions[number] = c
+
+    async def agree(self, query: Query, client: AggregatorClient):
+        """Run by the Site before it answers round `query`: its key agreement; None, or the site's logged
+        refusal of the round when the server went on without it (an unreachable server raises instead:
+        the round comes back with the feed and is resumed from the log)."""
+        from .site_answers import _refusal_of
+
+        give_up = asyncio.get_running_loop().time() + self.answers.config.round_timeout_s
+        try:
+            await self.session(query, client, give_up)
+            return None
+        except (SecAggError, ValueError) as exc:
+            if isinstance(exc, TransportError):
+                raise
+            answer = self.answers._refuse(query, _refusal_of(self.answers.name, query, exc))  # noqa: SLF001
+            self.answers.answers[query.round_id.number] = answer
+            return answer
+
+    def start_unmask(self, number: int, client: AggregatorClient, tasks: set, settled: set[int]) -> None:
+        """Answer round `number`'s unmask request once the server asks it (a background task in `tasks`)."""
+        give_up = asyncio.get_running_loop().time() + (ABANDON_FACTOR + 1.0) * self.answers.config.round_timeout_s
+        task = asyncio.create_task(self.unmask(number, client, give_up, settled))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     def restore_session(self, number: int) -> None:
         """After a restart: the client of round `number` as it was just before it masked, for re-creating
