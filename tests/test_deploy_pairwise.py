@@ -14,7 +14,8 @@ import pytest
 
 import secagg_roc.stats as sr
 from secagg_roc.deploy.config_write import loopback_study
-from secagg_roc.deploy.http_protocol import RequestTooLarge
+from secagg_roc.analyst import combine
+from secagg_roc.deploy.http_protocol import RequestTooLarge, unpack_frames
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.pairwise_relay import POLL_TYPE, pack, unpack
 from secagg_roc.deploy.site_answers import SiteAnswers
@@ -130,13 +131,27 @@ def test_too_many_sites_down_at_the_unmasking_is_one_clear_error(pairwise) -> No
             pairwise.start_party(name)
 
 
-def test_a_site_down_from_the_start_leaves_the_exact_total_of_the_others(tmp_path) -> None:
-    data = make_data(7, {"site-a": 12, "site-b": 15, "site-c": 20})
-    cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", round_timeout_s=6.0,
-                      policy={"min_cell_count": 1, "allow_dropouts": True})
-    with cl.start(sites=["site-a", "site-b"]), cl.study() as study:
+def test_sites_dropping_before_the_keys_and_after_them_leave_the_exact_total_of_the_others(tmp_path) -> None:
+    """site-d is down from the start (no keys: AdvertiseKeys closes at its deadline without it); site-c
+    takes part in the key agreement, then refuses the join (one positive label, below the policy's cell
+    size): it sends no
+    masked input, and its mask key is rebuilt from the others' shares to take its masks off."""
+    data = make_data(7)
+    data["site-c"]["y"] = np.r_[1, np.zeros(len(data["site-c"]["y"]) - 1, dtype=int)]
+    cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", threshold=2, round_timeout_s=6.0,
+                      policy={"min_cell_count": 3, "allow_dropouts": True})
+    with cl.start(sites=["site-a", "site-b", "site-c"]), cl.study() as study:
         brier = sr.brier_score(study, "y", "score")
+        assert study.history[-1][3] == ("site-a", "site-b")
     assert float(brier) == float(sr.brier_score(embedded(cl, ["site-a", "site-b"], scheme="pairwise"), "y", "score"))
+    log = _log(cl, "agg-1")
+    assert ("pairwise:shares", 0, "site-c") in log and ("pairwise:keys", 0, "site-d") not in log
+    assert "refused" in cl.log_text("site-c")
+    # The join's own total (one per joining site) came out exact: site-c's masks were taken off.
+    path = cl.folder / "state" / "site-a.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        (body,) = db.execute("SELECT body FROM log WHERE kind = 'release' AND number = 0").fetchone()
+    assert combine(unpack_frames(bytes(body)), cl.config.make_scheme())["sites"].tolist() == [2]
 
 
 def test_a_site_killed_in_the_key_agreement_resumes_it_with_the_keys_it_logged(tmp_path) -> None:
