@@ -18,7 +18,7 @@ from secagg_roc.analyst import combine
 from secagg_roc.deploy.http_protocol import RequestTooLarge, unpack_frames
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.pairwise_relay import POLL_TYPE, pack, unpack
-from secagg_roc.deploy.site_answers import SiteAnswers
+from secagg_roc.deploy.site_answers import SiteAnswers, _Answer
 from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.deploy.tls import AuthError
 from secagg_roc.errors import ConfigError, MessageError, RoundError
@@ -294,10 +294,13 @@ def test_a_site_answers_one_unmask_request_per_round_even_after_a_restart(tmp_pa
     answers = SiteAnswers(cfg, "site-a", state_path=state)
     client = _received_client()
     answers.pairwise._log(5, client)
+    first = UnmaskRequest(b"t", frozenset({0, 1, 2}), frozenset())
+    with pytest.raises(RoundError, match="sent no masked input"):  # it never answered round 5 with shares
+        answers.pairwise.answer_unmask(5, first)
+    answers.answers[5] = _Answer(None, "shares", None)  # as if its masked input were logged and sent
     both = UnmaskRequest(b"t", frozenset({0, 1}), frozenset({1, 2}))
     with pytest.raises(RoundError, match="both surviving and dropped"):
         answers.pairwise.answer_unmask(5, both)
-    first = UnmaskRequest(b"t", frozenset({0, 1, 2}), frozenset())
     response = answers.pairwise.answer_unmask(5, first)
     assert response.self_mask_shares and not response.key_shares
     assert answers.pairwise.answer_unmask(5, first) == response  # a retry gets the same answer

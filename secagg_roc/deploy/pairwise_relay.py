@@ -7,9 +7,9 @@ the embedded federation sets it up) and relays the phases between the sites,
 which stay outbound-only: they post their phase messages and poll for what
 the server holds for them. Every message is checked before it touches state
 (the sender is the authenticated site, the round is open and masked, the tag
-is the round's, the phase is the open one, sizes are bounded) and is applied
-to a copy of the round's server that replaces it only on success, so a
-refused message changes nothing. Accepted messages are logged by the service
+is the round's, the phase is the open one, sizes are bounded), and a refused
+message changes nothing (a phase's close runs on a copy of the round's server
+that replaces it only on success). Accepted messages are logged by the service
 (kinds ``pairwise:keys``, ``pairwise:shares``, ``pairwise:unmask``) and a
 phase's close too (``pairwise:close``: when every site of the phase sent, at
 the phase's deadline, or, for MaskedInput, at the analyst's `CloseRound`), so a
@@ -147,7 +147,9 @@ class PairwiseRelay:
         if len(body) > self.max_bytes:
             raise MessageError(f"a pairwise message of {len(body)} bytes; at most {self.max_bytes} in this study")
         relayed = self._round(number)
-        trial = copy.deepcopy(relayed.server)  # the round's server is replaced only if all of this succeeds
+        # The engine's receive_keys, route and receive_unmask check everything before they change anything;
+        # closing phases is done on a copy that replaces the round's server only if every phase closed.
+        trial = copy.deepcopy(relayed.server) if kind == CLOSE else relayed.server
         tag = trial.round_id
         if kind == CLOSE:
             if body in (ADVERTISE_KEYS.encode(), SHARE_KEYS.encode()):

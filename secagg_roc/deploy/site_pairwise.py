@@ -179,6 +179,10 @@ class SitePairwise:
             logged = self.logged.get(number)
         if logged is None:
             raise RoundError(f"round {number}: this site took no part in its key agreement")
+        answer = self.answers.answers.get(number)
+        if json.loads(logged["client"])["phase"] == "received" and (answer is None or answer.kind != "shares"):
+            # Only a site whose masked input is in the sum has anything to unmask.
+            raise RoundError(f"round {number}: this site sent no masked input; it answers no unmask request")
         c = restore(logged["client"].encode(), masked=True)
         answered = c._request is not None  # noqa: SLF001
         response = c.unmask(request)  # refuses a request naming a site both ways, or a second request

@@ -10,6 +10,11 @@ and releases the survivors' total. Every message is recorded in the
 receiver's transcript (with its encoded size); ``wire=True`` also sends it
 through its byte encoding. Per-site (DP) rounds have no masks and skip all
 of this.
+
+A deployment runs the same steps across processes: `plan_round` (every
+party's view of a round), `note_contributors` and `check_survivors` serve
+the deployed server (`deploy.pairwise_relay`) and sites (`deploy.site_pairwise`)
+as they serve `PairwiseRounds` here.
 """
 
 from __future__ import annotations
