@@ -256,6 +256,24 @@ def test_raw_pairwise_messages_out_of_place_are_refused(quiet) -> None:
     assert kinds == [("pairwise:keys", "site-a")]  # only the one accepted message was logged
 
 
+def test_an_aggregator_killed_mid_key_agreement_resumes_it_from_its_log(quiet) -> None:
+    number = call_as(quiet, "analyst", 0, lambda c: c.info())["next_number"]
+    _, clients = _open_join(quiet, number)
+    keys = {s: c.advertise_keys() for s, c in clients.items()}
+    _post(quiet, "site-a", number, "keys", pack([keys["site-a"]]))
+    quiet.kill("agg-1")  # kill -9 in the middle of the round's AdvertiseKeys
+    quiet.start_party("agg-1")
+    _post(quiet, "site-a", number, "keys", pack([keys["site-a"]]))  # the same keys: still idempotent
+    with pytest.raises(RoundError, match="duplicate"):  # another key pair for site-a: still refused
+        fresh = PairwiseClient(keys["site-a"].site, keys["site-a"].round_tag, 2, [1, 2, 3])
+        _post(quiet, "site-a", number, "keys", pack([fresh.advertise_keys()]))
+    for site in ("site-b", "site-c", "site-d"):
+        _post(quiet, site, number, "keys", pack([keys[site]]))
+    (got,) = _poll(quiet, "site-a", number, "keys")  # every site advertised: the phase closed
+    assert {k.site for k in got.keys} == {keys[s].site for s in ("site-b", "site-c", "site-d")}
+    assert [k for k, n, _ in _log(quiet, "agg-1") if n == number].count("pairwise:keys") == 4
+
+
 def test_a_masked_input_from_outside_the_key_agreement_is_refused(quiet) -> None:
     from secagg_roc.messages import InputShare
     from secagg_roc.ring import FixedPoint
