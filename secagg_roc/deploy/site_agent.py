@@ -29,8 +29,10 @@ polls: the site never listens on a port). For each round it:
    moves the site's copy of the plan on. The analyst never sends a site
    anything but the rounds.
 
-After a restart, answered rounds whose release is still to come are fetched
-again. `SiteAgent` is the network side (feeds, pushes, releases) on top of
+Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
+agreement through the one aggregator and followed by the site's one unmask
+answer (`site_pairwise`, logged before anything leaves). After a restart,
+answered rounds whose release is still to come are fetched again. `SiteAgent` is the network side (feeds, pushes, releases) on top of
 `site_answers.SiteAnswers`, which answers and logs; the log's format is
 `site_log`. The public names of `site_data` and `site_log` are importable from
 here as well.
@@ -212,6 +214,8 @@ class SiteAgent(SiteAnswers):
                 if cached is None:
                     cached = await loop.run_in_executor(None, self._answer, message)
                 self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
+                if cached.kind == "refusal":
+                    self.pairwise.forget(number)  # nothing masked: it answers no unmask request
             elif cached.round_id != message.round_id:
                 log.warning("round %d offered for a second, different query; refused", number)
                 return
