@@ -70,6 +70,7 @@ from .http_protocol import (
     pack_frames,
     status_for,
 )
+from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
 from .revocation import RevocationList
@@ -143,6 +144,7 @@ class AggregatorService:
         app.router.add_get("/v1/feed", self._feed)
         app.router.add_get("/v1/info", self._info)
         app.router.add_get("/v1/presence", self._presence)
+        add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         host, port = self.agg_config.listen
@@ -293,6 +295,8 @@ class AggregatorService:
         if kind == "status":
             async with self._lock:
                 return _reply(self.state.status(message.round_id))
+        if kind == "close":
+            await before_close(self, message, body)  # pairwise masking: first the survivors' unmask answers
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)

@@ -31,6 +31,7 @@ from ..queries import lookup, message_digest
 from ..queries.run import JOIN
 from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
+from .pairwise_relay import PREFIX as PAIRWISE, PairwiseRelay
 from .store import Store
 
 __all__ = ["AggregatorState", "Applied", "parse_refusal", "replay", "ABANDON_FACTOR", "RETAIN_RELEASED"]
@@ -94,6 +95,8 @@ class AggregatorState:
         self.refusals: dict[int, dict[str, ErrorReply]] = {}
         # The feed: (round number, encoded query); a site's cursor is an index into it.
         self.feed: list[tuple[int, bytes]] = []
+        #: The server side of pairwise masking's phases (None under the other schemes).
+        self.pairwise = PairwiseRelay(self) if self.scheme.name == "pairwise" else None
 
     # -- queries about the state -------------------------------------------------
 
@@ -200,6 +203,8 @@ class AggregatorState:
             share = _expect(message, InputShare)
             r = self._round(share.round_id)
             self._check_expected(share.site, share.round_id)
+            if self.pairwise is not None:
+                self.pairwise.check_share(share)
             new = r.submit(share)
             # The acknowledgement names only the submitter: a site never learns who else took part.
             return Applied(RoundStatus(r.round_id, (share.site,), r.released_over is not None), new)
@@ -207,12 +212,15 @@ class AggregatorState:
             close = _expect(message, CloseRound)
             r = self._round(close.round_id)
             before = r.released_over
+            unmask = None if self.pairwise is None else self.pairwise.unmasker(close, r)
             reply = self.core.close(close)  # the run's rules and the differencing guard
-            return Applied(reply, before is None)
+            return Applied(reply if unmask is None else unmask(reply), before is None)
         if kind == "refusal":
             return self._refusal(party, message)
         if kind == "abandon":
             return self._abandon(number)
+        if kind.startswith(PAIRWISE) and self.pairwise is not None:
+            return Applied(None, self.pairwise.apply(kind, number, party, at, body))
         raise MessageError(f"unknown log entry kind {kind!r}")
 
     def _query(self, query: Query, at: float, body: bytes) -> Applied:
@@ -305,7 +313,8 @@ def replay(state: AggregatorState, store: Store) -> int:
     """Apply every logged entry to a fresh `state`, in order; the number of entries."""
     n = 0
     for entry in store.entries():
-        message = parse_refusal(entry.body) if entry.kind == "refusal" else (decode(entry.body) if entry.body else None)
+        message = parse_refusal(entry.body) if entry.kind == "refusal" else (
+            decode(entry.body) if entry.body and not entry.kind.startswith(PAIRWISE) else None)
         try:
             state.apply(entry.kind, message, number=entry.number, party=entry.party, at=entry.at, body=entry.body)
         except SecAggError as exc:
