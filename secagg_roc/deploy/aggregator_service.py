@@ -54,7 +54,8 @@ from ..messages import (
     StatusRequest,
     decode,
 )
-from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal, replay
+from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
+from .compaction import Compactor
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
@@ -125,7 +126,9 @@ class AggregatorService:
     def open_store(self) -> None:
         """Open the database and replay it (before listening, so no request sees a partial state)."""
         self.store = Store(self.agg_config.database, study=self.config.study_id, party=self.name, synchronous=self.synchronous)
-        self.replayed = replay(self.state, self.store)
+        self.compactor = Compactor(self.store)  # the log keeps the live rounds and a snapshot of the rest
+        self.replayed = self.compactor.replay(self.state)
+        self.compactor.settled(self.state)
 
     async def start(self) -> str:
         """Replay the log, then listen; returns the URL."""
@@ -245,6 +248,7 @@ class AggregatorService:
             else:
                 applied = self.state.apply(kind, message, number=number, party=party, at=at, body=body)
             if applied.changed:
+                number = number or getattr(getattr(message, "round_id", None), "number", 0)
                 try:
                     await loop.run_in_executor(self._db, lambda: self.store.append(kind, number, body, party=party, at=at))
                 except Exception:
@@ -252,8 +256,10 @@ class AggregatorService:
                     # what we hold is exactly what we can replay, then refuse the request.
                     log.exception("could not log a %s; restoring the state from the database", kind)
                     self.state = AggregatorState(self.config, self.name)
-                    await loop.run_in_executor(self._db, replay, self.state, self.store)
+                    await loop.run_in_executor(self._db, self.compactor.replay, self.state)
                     raise
+                if kind in ("close", "abandon"):
+                    await loop.run_in_executor(self._db, self.compactor.settled, self.state)
                 self._notify()
             return applied
 
