@@ -184,6 +184,20 @@ class Compactor:
             n += 1
         return n
 
+    def open(self, state: AggregatorState) -> int:
+        """On start: `replay` into a fresh `state`, then compact (an old log, or one a crash left long)."""
+        n = self.replay(state)
+        self.settled(state)
+        return n
+
+    def append(self, state: AggregatorState, kind: str, number: int, body: bytes, party: str, at: float) -> int:
+        """Log one accepted change of `state` durably; after a round settled (``close``, ``abandon``),
+        compact. Returns the entry's sequence number."""
+        seq = self.store.append(kind, number, body, party=party, at=at)
+        if kind in ("close", "abandon"):
+            self.settled(state)
+        return seq
+
     def settled(self, state: AggregatorState) -> None:
         """After a round settled (or on start): `compact`; a failure is logged, the service keeps serving
         (the transaction rolled back: the log still replays to `state`, only longer)."""
