@@ -27,7 +27,7 @@ from secagg_roc.deploy.compaction import snapshot_of
 from secagg_roc.deploy.http_protocol import pack_frames
 from secagg_roc.deploy.store import Store
 from secagg_roc.errors import ConfigError, PolicyError, RoundError
-from secagg_roc.messages import CloseRound, ErrorReply, StatusRequest
+from secagg_roc.messages import CloseRound, ErrorReply, StatusRequest, decode
 from secagg_roc.sharing import make_scheme
 
 from test_deploy_state import SITES, STUDY, Aggregator, join, make_sites, parse_refusal
@@ -293,3 +293,56 @@ def test_a_damaged_snapshot_is_reported(config, tmp_path: Path) -> None:
                           (json.dumps({"format": "aggregator-snapshot-v1", "study": "other", "aggregator": "agg-1"}),))
     with pytest.raises(ConfigError, match="belongs to"):
         Aggregator(config, "agg-1", tmp_path / "agg-1.sqlite")
+
+
+@pytest.mark.slow
+def test_deployed_aggregators_compact_and_a_killed_one_serves_the_same_releases(tmp_path: Path) -> None:
+    """Real processes (mutual TLS, SQLite): after every settled round an aggregator's log holds no share
+    and no query any more, only its held releases; killed with SIGKILL and restarted it replays the
+    snapshot, serves the same releases, refuses used round numbers, and the study carries on."""
+    import secagg_roc.stats as sr
+    from secagg_roc.deploy.local_cluster import LocalCluster
+
+    from deploy_client import call_as, make_query
+
+    rng = np.random.default_rng(5)
+    data = {f"s{i}": {"x": rng.standard_normal((1, 50))} for i in range(3)}
+    with LocalCluster(tmp_path / "cl", data, data_format="npz", round_timeout_s=30.0, privacy_level=1,
+                      policy={"analyses": ["sum"]}) as cl:
+        with cl.study() as study:
+            totals = [sr.column_sums(study, "x") for _ in range(6)]
+            history = list(study.history)
+
+        def rows(j: int) -> list[tuple[str, int]]:
+            path = cl.config.aggregators[j].database
+            with Store(path, study=cl.config.study_id, party=cl.aggregator_names[j]) as store:
+                return [(e.kind, e.number) for e in store.entries()]
+
+        for j in range(2):
+            assert {k for k, _ in rows(j)} == {"release"}  # idle: every round settled and compacted
+            assert len(rows(j)) == len(history)  # one held release per round
+        _, number, *_ = history[-1]
+
+        def close_again(j: int):
+            status = call_as(cl, "analyst", j, lambda c: c.info())
+            assert status["next_number"] == len(history)
+            return status
+
+        with Store(cl.config.aggregators[0].database, study=cl.config.study_id, party="agg-1") as store:
+            held = decode(list(store.entries())[-1].body)  # the last round's release, as agg-1 logged it
+        before = [close_again(j) for j in range(2)]
+        cl.kill("agg-1")
+        cl.start_party("agg-1")
+        after = [close_again(j) for j in range(2)]
+        assert before == after
+        again = call_as(cl, "analyst", 0, lambda c: c.send(CloseRound(held.round_id, held.contributors)))
+        assert again.contributors == held.contributors and np.array_equal(again.vector, held.vector)
+        last = {k: n for k, n in rows(0)}
+        assert last["release"] == number
+        old = make_query(cl.config.study_id, number, "sum", {"run": "again", "step": 1})
+        with pytest.raises(RoundError, match="already used"):
+            call_as(cl, "analyst", 0, lambda c: c.send(old))
+        with cl.study() as study:  # the study carries on after the restart, with the same totals
+            again = sr.column_sums(study, "x")
+        np.testing.assert_allclose(again, totals[0])
+        assert all(np.allclose(t, totals[0]) for t in totals)

@@ -1,4 +1,4 @@
-"""What one aggregator holds, with no I/O: `AggregatorState`, and `replay` of its log.
+"""What one aggregator holds, with no I/O: `AggregatorState` (its log replays through it: `compaction`).
 
 Run by each Aggregator inside its service (`aggregator_service`). The state is
 built only from accepted messages: the core round state machine

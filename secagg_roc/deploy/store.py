@@ -1,4 +1,4 @@
-"""Durable state of a deployed party: an append-only log in SQLite (WAL).
+"""Durable state of a deployed party: a log in SQLite (WAL), appended to and compacted.
 
 Used by each Aggregator service and each Site agent. The design is the
 simplest one that survives ``kill -9``: every *accepted* state-changing
