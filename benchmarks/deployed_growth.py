@@ -18,7 +18,6 @@ growing with the rounds).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sqlite3
 import tempfile
@@ -29,10 +28,21 @@ import numpy as np
 
 import secagg_roc.stats as sr
 from secagg_roc.deploy.aggregator_state import AggregatorState
-from secagg_roc.deploy.compaction import replay
+
+try:
+    from secagg_roc.deploy.compaction import replay
+except ImportError:  # a build before compaction (for a before/after comparison with PYTHONPATH)
+    from secagg_roc.deploy.aggregator_state import replay  # type: ignore[attr-defined,no-redef]
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.site_log import default_state_path
 from secagg_roc.deploy.store import Store
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes on disk of database `path`, its WAL and its side files."""
+    blobs = path.with_name(path.name + ".blobs")
+    paths = [path, path.with_name(path.name + "-wal"), *(blobs.iterdir() if blobs.is_dir() else [])]
+    return sum(p.stat().st_size for p in paths if p.exists())
 
 
 def consistent_copy(path: Path, dest: Path) -> Path:
@@ -52,8 +62,7 @@ def measure(cl: LocalCluster, where: Path) -> dict[str, tuple[int, int, float]]:
     config, out = cl.config, {}
     for agg in config.aggregators:
         copy = consistent_copy(Path(agg.database), where / agg.name)
-        with Store(agg.database, study=config.study_id, party=agg.name) as live:
-            disk = live.disk_bytes()
+        disk = disk_bytes(Path(agg.database))
         store = Store(copy, study=config.study_id, party=agg.name)
         t0 = time.perf_counter()
         replay(AggregatorState(config, agg.name), store)
@@ -64,7 +73,7 @@ def measure(cl: LocalCluster, where: Path) -> dict[str, tuple[int, int, float]]:
         with Store(path, study=config.study_id, party=site) as store:
             t0 = time.perf_counter()
             n = sum(1 for _ in store.entries())
-            out[site] = (store.disk_bytes(), n, time.perf_counter() - t0)
+            out[site] = (disk_bytes(path), n, time.perf_counter() - t0)
     return out
 
 

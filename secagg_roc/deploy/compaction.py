@@ -2,8 +2,9 @@
 
 Run by each Aggregator inside its service. Without compaction an aggregator's
 log (`store.Store`) keeps every accepted share vector for ever and a restart
-replays the whole study. After every round that settles (released or
-abandoned), `Compactor.compact`
+replays the whole study. Once rounds settle (released or abandoned: every
+`COMPACT_EVERY` of them, or sooner once `COMPACT_BYTES` were logged since the
+last time), and on start, `Compactor.compact`
 
 1. appends a ``release`` entry for each release the core still holds for the
    sites to fetch (`RETAIN_RELEASED`) and that has none yet: this
@@ -46,11 +47,16 @@ from ..runbook import RunRecord
 from .aggregator_state import AggregatorState, _Number, parse_refusal
 from .store import LogEntry, Store
 
-__all__ = ["Compactor", "SNAPSHOT_FORMAT", "replay", "snapshot_of", "restore"]
+__all__ = ["Compactor", "COMPACT_BYTES", "COMPACT_EVERY", "SNAPSHOT_FORMAT", "replay", "snapshot_of", "restore"]
 
 log = logging.getLogger("secagg_roc.aggregator")
 
 SNAPSHOT_FORMAT = "aggregator-snapshot-v1"
+#: A compaction rewrites the snapshot (a few hundred KB at `KEEP_SETTLED` rounds, about 13 ms here), so it
+#: runs once this many rounds settled since the last, or once this many bytes were logged since (at d=1e6 a
+#: round's shares are 8 MB each: such rounds are compacted as they settle).
+COMPACT_EVERY = 32
+COMPACT_BYTES = 32 << 20
 #: Log kinds whose entries name a round (their ``number`` column is the round's number).
 _ROUND_KINDS = ("query", "share", "close", "refusal", "abandon", "release")
 
@@ -150,6 +156,7 @@ class Compactor:
         self.store = store
         self.release_seqs: dict[int, int] = {}  # round number -> seq of its release entry
         self._renumber: list[tuple[int, int]] = []  # (seq, round number) of entries logged without it
+        self._pending = [0, 0]  # rounds settled and bytes logged since the last compaction
 
     def replay(self, state: AggregatorState) -> int:
         """Restore the snapshot into a fresh `state`, apply every remaining entry; the number of entries."""
@@ -194,8 +201,11 @@ class Compactor:
         """Log one accepted change of `state` durably; after a round settled (``close``, ``abandon``),
         compact. Returns the entry's sequence number."""
         seq = self.store.append(kind, number, body, party=party, at=at)
+        self._pending[1] += len(body)
         if kind in ("close", "abandon"):
-            self.settled(state)
+            self._pending[0] += 1
+            if self._pending[0] >= COMPACT_EVERY or self._pending[1] >= COMPACT_BYTES:
+                self.settled(state)
         return seq
 
     def settled(self, state: AggregatorState) -> None:
@@ -223,6 +233,7 @@ class Compactor:
                                      renumber=self._renumber)
         self._renumber.clear()
         self.release_seqs = {n: self.release_seqs[n] for n in held}
+        self._pending = [0, 0]
         return dropped
 
 
