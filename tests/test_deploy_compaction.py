@@ -349,3 +349,74 @@ def test_deployed_aggregators_compact_and_a_killed_one_serves_the_same_releases(
             again = sr.column_sums(study, "x")
         np.testing.assert_allclose(again, totals[0])
         assert all(np.allclose(t, totals[0]) for t in totals)
+
+
+def test_any_sequence_of_rounds_compactions_and_restarts_replays_like_the_full_log(config, tmp_path: Path) -> None:
+    """Hypothesis: random opens, shares, refusals, closes (over any set), abandons, compactions and restarts,
+    applied to a compacting pair and a pair keeping its whole log. Every message gets the same outcome
+    (accepted or the same error) from both, and after every restart both hold the same state."""
+    import tempfile
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    ops = st.lists(st.tuples(st.sampled_from(["open", "share", "refuse", "close", "abandon", "compact", "restart"]),
+                             st.integers(0, 7), st.lists(st.sampled_from(SITES), max_size=3, unique=True)),
+                   max_size=40)
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(ops)
+    def run(steps) -> None:
+        with tempfile.TemporaryDirectory(dir=tmp_path) as folder:
+            compact, full = twins(config, Path(folder))
+            sites = make_sites(config)
+            queries, answers = [], {}
+
+            def both(fn) -> None:
+                outcomes = []
+                for aggs in (compact, full):
+                    try:
+                        fn(aggs)
+                        outcomes.append(None)
+                    except Exception as exc:  # noqa: BLE001 - the outcome is compared, not swallowed
+                        outcomes.append((type(exc), str(exc)))
+                assert outcomes[0] == outcomes[1]
+
+            for op, i, names in steps:
+                q = queries[i % len(queries)] if queries else None
+                if op == "open":
+                    q = join(config, len(queries), run=f"run-{len(queries)}")
+                    queries.append(q)
+                    both(lambda aggs: [a.apply("query", q, at=1000.0) for a in aggs])
+                elif q is None:
+                    continue
+                elif op == "share":
+                    for s in names:
+                        if (q.round_id.number, s) not in answers:
+                            try:
+                                answers[(q.round_id.number, s)] = sites[s].answer(q)
+                            except Exception:  # noqa: BLE001 - the site refuses: nothing to send
+                                answers[(q.round_id.number, s)] = []
+                        for sh in answers[(q.round_id.number, s)]:
+                            both(lambda aggs: aggs[sh.aggregator].apply("share", sh))
+                elif op == "refuse":
+                    refusal = parse_refusal(b"".join(pack_frames([StatusRequest(q.round_id),
+                                                                  ErrorReply("PolicyError", "no")])))
+                    for s in names:
+                        both(lambda aggs: [a.apply("refusal", refusal, party=s) for a in aggs])
+                elif op == "close":
+                    both(lambda aggs: [a.apply("close", CloseRound(q.round_id, tuple(sorted(names)))) for a in aggs])
+                elif op == "abandon":
+                    both(lambda aggs: [a.apply("abandon", None, number=q.round_id.number) for a in aggs])
+                elif op == "compact":
+                    for a in compact:
+                        a.compactor.compact(a.state)
+                elif op == "restart":
+                    compact = [a.restart() for a in compact]
+                    assert [observed(a) for a in compact] == [observed(a) for a in full]
+            compact = [a.restart() for a in compact]
+            assert [observed(a) for a in compact] == [observed(a) for a in full]
+            for a in compact + full:
+                a.store.close()
+
+    run()
