@@ -11,7 +11,7 @@ import statsmodels.api as sm
 from secagg_roc import pooled
 from secagg_roc.datasets import load_gbsg2
 from secagg_roc.stats import fit_glm
-from secagg_roc.stats.glm import ConvergenceWarning, FitError, fisher_scoring
+from secagg_roc.stats.glm import ConvergenceWarning, FitError, SeparationWarning, fisher_scoring
 from secagg_roc import Policy, SiteQueryError
 from secagg_roc.study import Study
 
@@ -121,7 +121,7 @@ def test_separation_stops_unconverged_with_warning():
     y = np.array([0] * 10 + [1] * 10)
     x = np.arange(20.0)
     study = _split(2, {"y": y, "x": x})
-    with pytest.warns(ConvergenceWarning):
+    with pytest.warns(ConvergenceWarning), pytest.warns(SeparationWarning, match="separated"):
         got = fit_glm(study, "y", "x", max_iter=8)
     assert not got.converged and got.iterations == 8
     assert got.coef[1] > 1.0  # heading to +infinity
