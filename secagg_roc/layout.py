@@ -6,6 +6,7 @@ Used by each Site (flatten before encoding) and by whoever combines a release
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import numpy as np
@@ -43,7 +44,7 @@ def unflatten(layout: Layout, vector: np.ndarray) -> dict[str, np.ndarray]:
     out: dict[str, np.ndarray] = {}
     pos = 0
     for name, shape, integer in layout:
-        n = int(np.prod(shape, dtype=np.int64))
+        n = math.prod(shape)
         part = vector[pos : pos + n].reshape(shape)
         if integer and part.dtype.kind == "f":
             part = np.rint(part).astype(np.int64)

@@ -96,6 +96,7 @@ class Site:
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
         #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
         self.sessions: dict[int, object] = {}
+        self._codecs: dict[int, FixedPoint] = {}
 
     @property
     def data_digest(self) -> str:
@@ -310,7 +311,9 @@ class Site:
         instead of refused, so that whether a round succeeds never depends on
         the data (the plan chose a precision that fits public bounds)."""
         layout, flat = flatten(values, kinds)
-        codec = FixedPoint(query.frac_bits, max_sites=self.n_sites)
+        codec = self._codecs.get(query.frac_bits)
+        if codec is None:  # one per precision: a codec derives its range limits when it is made
+            codec = self._codecs[query.frac_bits] = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         if saturate:
             limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
             flat = np.clip(flat, -limit, limit)

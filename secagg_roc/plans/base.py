@@ -141,6 +141,13 @@ REL_TOL, ABS_TOL = 1e-9, 1e-12
 
 def same_value(a: Any, b: Any) -> bool:
     """Canonical JSON values equal, floats within `REL_TOL`: the analyst's request against a site's plan."""
+    if type(a) is list and type(b) is list and a == b:
+        # Equal element by element: the same values unless a bool stands against a number (True == 1), a
+        # container hides one, or one NaN object sits in both (== takes it as equal): the same plain element
+        # types, all floats finite, settles it at C speed (plans put long float vectors in parameters).
+        types = list(map(type, a))
+        if types == list(map(type, b)) and _finite_plain(a, set(types)):
+            return True
     if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str) or a is None or b is None:
         return a == b and type(a) is type(b)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -152,6 +159,21 @@ def same_value(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     return False
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_NUMBERS = frozenset({int, float, bool})
+
+
+def _finite_plain(values: list, kinds: set) -> bool:
+    """Whether `values` (of element types `kinds`) are plain JSON scalars with no NaN or infinity."""
+    if not kinds <= _SCALARS:
+        return False
+    if float not in kinds:
+        return True
+    if kinds <= _NUMBERS:
+        return all(map(math.isfinite, values))
+    return all(math.isfinite(v) for v in values if type(v) is float)
 
 
 def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int) -> str | None:

@@ -208,12 +208,32 @@ def query_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_b
     Every share of a round carries this digest, so a share computed for one
     query (or at another precision) can never be summed into the round of another.
     """
+    return _digest(study, name, canonical_params(params), frac_bits)
+
+
+def _digest(study: str, name: str, canon: dict[str, Any], frac_bits: int) -> bytes:
+    """`query_digest` of parameters already in canonical form."""
     blob = json.dumps(
-        {"study": study, "query": name, "params": canonical_params(params), "frac_bits": int(frac_bits)},
+        {"study": study, "query": name, "params": canon, "frac_bits": int(frac_bits)},
         sort_keys=True,
         separators=(",", ":"),
     ).encode()
     return hashlib.sha256(blob).digest()
+
+
+def params_json(canon: dict[str, Any]) -> str:
+    """The canonical JSON text of canonical parameters (what a `Query` message carries)."""
+    return json.dumps(canon, sort_keys=True, separators=(",", ":"))
+
+
+def json_digest(study: str, name: str, text: str, frac_bits: int) -> bytes:
+    """`query_digest` from `params_json(canonical_params(params))` without encoding the parameters again.
+
+    The digested blob is ``{"frac_bits":..,"params":<text>,"query":..,"study":..}`` with sorted keys and
+    no spaces, which is exactly what `query_digest` encodes when `text` is that canonical JSON."""
+    dump = json.dumps
+    blob = (f'{{"frac_bits":{int(frac_bits)},"params":{text},"query":{dump(name)},"study":{dump(study)}}}')
+    return hashlib.sha256(blob.encode()).digest()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -236,7 +256,7 @@ def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, fra
     sets could be differenced; sites' ledgers and aggregators compare them.
     """
     plain = {k: v for k, v in canonical_params(params).items() if k not in ("run", "step", "contributors")}
-    return query_digest(study, name, plain, frac_bits).hex()
+    return _digest(study, name, plain, frac_bits).hex()
 
 
 def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None) -> tuple[SiteQuery, QueryResult]:

@@ -217,6 +217,8 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
         total_weight=float(n1 * t.size),
     )
     sums = yield Step("rocglm.placement_sums", reference, context=context)
+    if ctx.party != "analyst":
+        return None  # a site's copy of the plan ends with its last step: the result is the analyst's
     n_ref = {"negative": n1, "positive": n0}  # a negative's placement is over the positives, and vice versa
     moments = {
         side: exact_moments(*(int(np.asarray(sums[f"{side}{part}"]).reshape(-1)[0]) for part in ("", "_sq_hi", "_sq_lo")),
