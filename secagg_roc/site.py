@@ -148,7 +148,8 @@ class Site:
                 )
             info, step = self.runs.expect(run, number)
             asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
-            problem = same_step(step, query.name, asked, query.frac_bits)
+            # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
+            problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)
             if problem is not None:
                 raise PolicyError(
                     f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
@@ -220,7 +221,7 @@ class Site:
         if replay:  # the ledger holds this round's entry already: it was persisted before the shares were sent
             entries: list[LedgerEntry] = []
         else:
-            quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits)
+            quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits, canonical=True)
             entries = [self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records,
                                                self.data_digest)]
         spec = lookup(step.query)

@@ -149,9 +149,21 @@ def lookup(name: str) -> SiteQuery:
 
 
 def _jsonable(value: Any) -> Any:
-    # The common shapes first, and whole lists of plain numbers at once: plans put long float vectors
-    # (coefficients, reference digests' inputs) in parameters, and every party canonicalises every round.
+    # The common shapes first, plain values of a dict without a call each, and whole lists of plain numbers
+    # at once: plans put long float vectors (coefficients, thresholds) in parameters, and every party
+    # canonicalises every round.
     kind = type(value)
+    if kind is dict:
+        out = {}
+        for k, v in value.items():
+            t = type(v)
+            if t is float:
+                if not math.isfinite(v):
+                    raise SiteQueryError(f"query parameters must be finite, got {v}")
+            elif not (t is str or t is int or t is bool or v is None):
+                v = _jsonable(v)
+            out[k if type(k) is str else str(k)] = v
+        return out
     if kind is str or kind is int or kind is bool or value is None:
         return value
     if kind is float:
@@ -161,17 +173,21 @@ def _jsonable(value: Any) -> Any:
     if kind is list or kind is tuple:
         kinds = set(map(type, value))
         if kinds <= _PLAIN:
-            bad = [v for v in value if type(v) is float and not math.isfinite(v)] if float in kinds else []
-            if bad:
-                raise SiteQueryError(f"query parameters must be finite, got {bad[0]}")
+            if float in kinds:
+                _check_finite(value, kinds)
             return list(value)
         return [_jsonable(v) for v in value]
-    if kind is dict:
-        return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "iubf" and value.ndim == 1:
-            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
-                raise SiteQueryError("query parameters must be finite")
+            if value.dtype.kind == "f":
+                if value.size > 64:
+                    if not np.all(np.isfinite(value)):
+                        raise SiteQueryError("query parameters must be finite")
+                    return value.tolist()
+                items = value.tolist()  # short: checked as Python floats, cheaper than two numpy calls
+                if not all(map(math.isfinite, items)):
+                    raise SiteQueryError("query parameters must be finite")
+                return items
             return value.tolist()
         return [_jsonable(v) for v in value.tolist()]
     if isinstance(value, (np.integer,)):
@@ -190,8 +206,19 @@ def _jsonable(value: Any) -> Any:
     raise SiteQueryError(f"query parameters must be JSON-like, got {type(value).__name__}")
 
 
+def _check_finite(values: Any, kinds: set) -> None:
+    if kinds <= _NUMBERS:
+        if all(map(math.isfinite, values)):
+            return
+    elif all(math.isfinite(v) for v in values if type(v) is float):
+        return
+    bad = [v for v in values if type(v) is float and not math.isfinite(v)]
+    raise SiteQueryError(f"query parameters must be finite, got {bad[0]}")
+
+
 #: Element types a list of parameters may hold to be taken as it is (bool before int: JSON keeps them apart).
 _PLAIN = frozenset({int, float, str, bool, type(None)})
+_NUMBERS = frozenset({int, float, bool})
 
 
 def canonical_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -246,16 +273,26 @@ def message_digest(study: str, name: str, params_json: str, frac_bits: int) -> b
     from ..messages import Query, RoundId
 
     params = Query(RoundId(study, 0, bytes(32)), name, params_json, frac_bits).params
+    try:
+        # Parsed JSON holds only plain values: its canonical form is itself unless a float is not finite,
+        # which the encoder refuses. Canonical text (what every honest party sends) is digested as it is.
+        if json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False) == params_json:
+            return json_digest(study, name, params_json, frac_bits)
+    except (ValueError, RecursionError):
+        pass  # refused below, with the reason
     return query_digest(study, name, params, frac_bits)
 
 
-def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32) -> str:
+def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32, *,
+                    canonical: bool = False) -> str:
     """What a release *is*, independent of the run it belongs to: the query digest without run and step.
 
     Two exact releases with the same quantity digest over different contributor
     sets could be differenced; sites' ledgers and aggregators compare them.
+    `canonical` says `params` are canonical already (a plan `Step`'s own), so they are not converted again.
     """
-    plain = {k: v for k, v in canonical_params(params).items() if k not in ("run", "step", "contributors")}
+    canon = params if canonical else canonical_params(params)
+    plain = {k: v for k, v in canon.items() if k not in ("run", "step", "contributors")}
     return _digest(study, name, plain, frac_bits).hex()
 
 

@@ -211,7 +211,9 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
     # The pooled release reaches every site's queries as derived values; its digest binds them to the round.
     context = {NEGATIVES_KEY: negatives, POSITIVES_KEY: positives}
     reference = {**base, "reference": _digest(negatives, positives)}
-    design = {**reference, "kind": "rocglm", "thresholds": t, "grid": args["thresholds"], "ties": args["ties"]}
+    # The grid's size stands for its thresholds (every party derives t from it): a round's parameters are
+    # encoded, digested and compared by every party, and 28 floats would be most of that work.
+    design = {**reference, "kind": "rocglm", "grid": args["thresholds"], "ties": args["ties"]}
     glm = yield from fit_design_rounds(
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
         total_weight=float(n1 * t.size),
