@@ -113,8 +113,11 @@ def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, pol
             aliased = aliased_columns(info)
         keep = ~aliased
         try:
-            step = np.zeros(n_coef)
-            step[keep] = np.linalg.solve(info[np.ix_(keep, keep)], score[keep])
+            if keep.all():  # the usual case: the same solve, without copying the system first
+                step = np.linalg.solve(info, score)
+            else:
+                step = np.zeros(n_coef)
+                step[keep] = np.linalg.solve(info[np.ix_(keep, keep)], score[keep])
         except np.linalg.LinAlgError:
             step = None
         usable = step is not None and bool(np.all(np.isfinite(step)))
