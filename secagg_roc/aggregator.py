@@ -73,6 +73,7 @@ class Aggregator:
         # no wire copies) passes a pool: payloads and old releases are recycled into it.
         self.buffers = buffers
         self.index = index
+        self.name = f"aggregator-{index}"
         self.policy = policy
         self.scheme = scheme
         self.max_open_rounds = max_open_rounds
@@ -88,10 +89,6 @@ class Aggregator:
         self._settled: deque[int] = deque()
         self._retired_max = -1
         self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
-
-    @property
-    def name(self) -> str:
-        return f"aggregator-{self.index}"
 
     @property
     def runs(self) -> dict:

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
@@ -258,9 +259,16 @@ def json_digest(study: str, name: str, text: str, frac_bits: int) -> bytes:
 
     The digested blob is ``{"frac_bits":..,"params":<text>,"query":..,"study":..}`` with sorted keys and
     no spaces, which is exactly what `query_digest` encodes when `text` is that canonical JSON."""
-    dump = json.dumps
-    blob = (f'{{"frac_bits":{int(frac_bits)},"params":{text},"query":{dump(name)},"study":{dump(study)}}}')
+    blob = f'{{"frac_bits":{int(frac_bits)},"params":{text},"query":{_quoted(name)},"study":{_quoted(study)}}}'
     return hashlib.sha256(blob.encode()).digest()
+
+
+def _quoted(name: str) -> str:
+    """`json.dumps(name)`; a valid name (letters, digits, ``_.-``) needs no escaping."""
+    return f'"{name}"' if type(name) is str and _NAME.match(name) else json.dumps(name)
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
 
 
 @functools.lru_cache(maxsize=4096)

@@ -209,6 +209,8 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
             f"but the secure counts are {n0} and {n1}"
         )
     # The pooled release reaches every site's queries as derived values; its digest binds them to the round.
+    # Read-only: every later step reads the same samples (and a site's queries keep their digest).
+    negatives.flags.writeable = positives.flags.writeable = False
     context = {NEGATIVES_KEY: negatives, POSITIVES_KEY: positives}
     reference = {**base, "reference": _digest(negatives, positives)}
     # The grid's size stands for its thresholds (every party derives t from it): a round's parameters are
