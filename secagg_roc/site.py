@@ -317,7 +317,7 @@ class Site:
             codec = self._codecs[query.frac_bits] = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         if saturate:
             limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
-            flat = np.clip(flat, -limit, limit)
+            flat = np.minimum(np.maximum(flat, -limit), limit)  # np.clip, without its Python-level wrappers
         encoding = codec.encoding_for(flat)
         try:
             out = None if self.buffers is None else self.buffers.take(flat.size)

@@ -129,6 +129,8 @@ def site_query(name: str, *, outputs: Mapping[str, Kind], release: Release = "se
     """
     if not outputs or any(k not in ("int", "float") for k in outputs.values()):
         raise ValueError(f"site query {name!r}: outputs must map names to 'int' or 'float'")
+    if not all(isinstance(n, str) and _NAME.match(n) for n in outputs):
+        raise ValueError(f"site query {name!r}: output names must be valid names (1-64 of A-Z a-z 0-9 _ . -)")
 
     def register(func: QueryFunc) -> QueryFunc:
         if name in QUERIES:
