@@ -195,7 +195,7 @@ class Ledger:
             "values": {name: np.asarray(v, dtype=np.float64).tolist() for name, v in values.items()},
             "charge": None if charge is None else charge.to_dict(),
         }
-        return LedgerEntry("noisy", json.dumps(body, sort_keys=True).encode())
+        return LedgerEntry("noisy", record=body)
 
     # -- state ----------------------------------------------------------------------
 
