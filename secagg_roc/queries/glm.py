@@ -174,7 +174,7 @@ def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
         entry[2].clear()  # one scaling per design at a time: a fit keeps its centre and scale
         entry[2][scaling] = Z
     beta = np.asarray(params.get("beta", []), dtype=float)
-    if beta.shape != (Z.shape[1],) or not np.all(np.isfinite(beta)):
+    if beta.shape != (Z.shape[1],) or not np.isfinite(beta).all():
         raise site.fail(f"beta must be {Z.shape[1]} finite numbers (intercept first), got {beta.shape[0]}")
     score, info, dev = fisher_parts(y, Z, w, beta, family)
     return QueryResult(
