@@ -100,6 +100,7 @@ plain = st.recursive(near, lambda inner: st.lists(inner, max_size=4) | st.dictio
 
 
 @given(plain, plain)
+@settings(max_examples=400)
 def test_same_value_is_its_definition(a, b):
     assert same_value(a, b) == reference_same_value(a, b)
 
