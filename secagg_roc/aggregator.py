@@ -91,6 +91,11 @@ class Aggregator:
         self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
 
     @property
+    def retired_max(self) -> int:
+        """The highest round number dropped under `keep_settled` (-1: none); no number up to it opens again."""
+        return self._retired_max
+
+    @property
     def runs(self) -> dict:
         """Every run this aggregator has seen (see `runbook.RunBook`)."""
         return self.runbook.runs
@@ -160,11 +165,13 @@ class Aggregator:
                 if problem is not None:
                     raise PolicyError(f"run {r.params['run']!r}, round {r.params['step']}: {problem}")
                 guarded = True
+        elif r.released_over is None and r.query.name in QUERIES:
+            # Its run was dropped from the bounded run book: without it neither the run's rules nor the
+            # differencing guard could be checked, so nothing is released.
+            raise PolicyError(f"run {r.params.get('run')!r} is older than the runs aggregator {self.index} "
+                              "keeps; its rounds release nothing")
         records = r.site_records(agreed)
         share = r.close(message.contributors)
-        if r.round_id.number in self._open:
-            self._open.discard(r.round_id.number)
-            self._settle(r.round_id.number)
         self.runbook.closed(r.query, r.params, agreed)
         if guarded:
             self.disclosures.record(records)
@@ -177,6 +184,9 @@ class Aggregator:
                 old = self.rounds[self._release_order.pop(0)]
                 self._retained_bytes -= _release_bytes(old.released)
                 old.forget()
+        if r.round_id.number in self._open:  # after the release is held: settling must not retire it
+            self._open.discard(r.round_id.number)
+            self._settle(r.round_id.number)
         spec = QUERIES.get(r.query.name)
         if spec is not None and spec.release == "mpc":
             # A kept sum: the share stays here for the joint computation, however often the close is asked.

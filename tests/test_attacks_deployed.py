@@ -49,7 +49,7 @@ from secagg_roc.errors import (
     SecAggError,
     SiteQueryError,
 )
-from secagg_roc.messages import CloseRound, ErrorReply, InputShare, Query, RoundId, StatusRequest, decode
+from secagg_roc.messages import CloseRound, ErrorReply, ForwardedShares, InputShare, Query, RoundId, StatusRequest, decode
 from secagg_roc.plans import declared, get_plan
 from secagg_roc.plans.runner import join_params
 from secagg_roc.policy import DPPolicy, Policy
@@ -173,43 +173,47 @@ def wait_answers(cl: LocalCluster, rid: RoundId, sites, *, j: int | None = None,
         time.sleep(0.02)
 
 
-def agg_rows(cl: LocalCluster, j: int) -> list[tuple[str, bytes]]:
-    """Aggregator j's log (kind, body), read-only while it runs."""
+def agg_history(cl: LocalCluster, j: int) -> tuple[dict[int, str], list[InputShare], list[tuple[int, tuple[str, ...]]]]:
+    """Aggregator j's history, read-only while it runs, from its compacted log (`deploy.compaction`): the
+    snapshot's rounds (settled ones with their accepted shares' metadata and contributor set) and the entries
+    logged since. Returns (query name by round number, accepted shares, releases as (number, contributors))."""
     path = cl.config.aggregators[j].database
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        snap = db.execute("SELECT value FROM meta WHERE key = 'snapshot'").fetchone()
         rows = db.execute("SELECT kind, body, file FROM log ORDER BY seq").fetchall()
     assert all(f == "" for _, _, f in rows)  # every body inline (small shares)
-    return [(k, bytes(b)) for k, b, _ in rows]
+    names, shares, closes = {}, [], []
+    for item in json.loads(snap[0])["rounds"] if snap else []:
+        names[item["n"]] = decode(bytes.fromhex(item["query"])).name
+        shares += [decode(bytes.fromhex(h)) for h in item.get("accepted", [])]
+        if item.get("released_over"):
+            closes.append((item["n"], tuple(sorted(item["released_over"]))))
+    for kind, body, _ in rows:
+        if kind == "query":
+            q = decode(bytes(body))
+            names[q.round_id.number] = q.name
+        elif kind == "share":
+            shares.append(decode(bytes(body)))
+        elif kind == "close":
+            c = decode(bytes(body))
+            closes.append((c.round_id.number, tuple(sorted(c.contributors))))
+    return names, shares, closes
 
 
 def releases(cl: LocalCluster) -> list[tuple[int, int, str, tuple[str, ...]]]:
-    """Every release each aggregator made: (aggregator, round number, query, contributors). A refused close is
-    never logged, so the log's closes are exactly the releases."""
+    """Every release each aggregator made: (aggregator, round number, query, contributors), sorted. A refused
+    close is never logged, so the log's closes (and the snapshot's released rounds) are exactly the releases."""
     out = []
     for j in range(len(cl.config.aggregators)):
-        names: dict[int, str] = {}
-        for kind, body in agg_rows(cl, j):
-            if kind == "query":
-                q = decode(body)
-                names[q.round_id.number] = q.name
-            elif kind == "close":
-                c = decode(body)
-                out.append((j, c.round_id.number, names[c.round_id.number], tuple(sorted(c.contributors))))
-    return out
+        names, _, closes = agg_history(cl, j)
+        out += [(j, n, names[n], c) for n, c in closes]
+    return sorted(out)
 
 
 def shares_logged(cl: LocalCluster, j: int) -> list[tuple[str, InputShare]]:
-    """(query name, share) of every share aggregator j accepted."""
-    names: dict[int, str] = {}
-    out = []
-    for kind, body in agg_rows(cl, j):
-        if kind == "query":
-            q = decode(body)
-            names[q.round_id.number] = q.name
-        elif kind == "share":
-            s = decode(body)
-            out.append((names[s.round_id.number], s))
-    return out
+    """(query name, share) of every share aggregator j accepted (of a settled round: its metadata only)."""
+    names, shares, _ = agg_history(cl, j)
+    return [(names[s.round_id.number], s) for s in shares]
 
 
 def assert_no_differencing(cl: LocalCluster, sizes: dict[str, int]) -> None:
@@ -642,13 +646,15 @@ def test_no_aggregator_log_holds_a_sites_dp_release(strict) -> None:
     for j, agg in enumerate(cl.config.aggregators):
         with Store(agg.database, study=cl.config.study_id, party=agg.name) as store:
             entries = list(store.entries())
-        numbers = {decode(e.body).round_id.number for e in entries
-                   if e.kind == "query" and decode(e.body).name == "rocglm.scores"}
+        names, stubs, _ = agg_history(cl, j)  # the snapshot keeps the settled rounds' share metadata only
+        assert all(s.seed == b"" and s.vector is None for s in stubs if all(e.body != s.encode() for e in entries))
+        numbers = {n for n, name in names.items() if name == "rocglm.scores"}
         assert numbers
-        for e in entries:
-            if e.kind != "share":
-                continue
-            share = decode(e.body)
+        # The log: the open rounds' shares, and the held releases (a per-site round's: this aggregator's shares).
+        logged = [decode(e.body) for e in entries if e.kind in ("share", "release")]
+        logged = [s for m in logged for s in (m.shares if isinstance(m, ForwardedShares) else [m])
+                  if isinstance(s, InputShare)]
+        for share in logged:
             if share.round_id.number not in numbers:
                 assert not share.encoding.raw  # every other round is a fixed-point secure sum
                 continue
@@ -952,7 +958,7 @@ def test_old_round_numbers_replay_the_same_release_or_are_refused(strict) -> Non
     with cl.study() as study:
         sr.brier_score(study, "y", "score")
         name, number, _, contributors = study.history[-1]
-    rid = next(decode(b).round_id for k, b in agg_rows(cl, 0) if k == "query" and decode(b).round_id.number == number)
+    rid = next(s.round_id for s in agg_history(cl, 0)[1] if s.round_id.number == number)
     first = everywhere(cl, lambda c: c.send(CloseRound(rid, contributors)))
     again = everywhere(cl, lambda c: c.send(CloseRound(rid, contributors)))
     assert all(np.array_equal(x.vector, y.vector) for x, y in zip(first, again))  # the same bytes, nothing new
@@ -962,8 +968,9 @@ def test_old_round_numbers_replay_the_same_release_or_are_refused(strict) -> Non
         analyst(cl, 0, lambda c: c.send(make_query(cl.config.study_id, number, name, {"run": "old", "step": 1})))
     with pytest.raises(RoundError, match="already used for another query"):
         _open_join(cl, number, "old-number")
-    # A site's old share sent again is refused (the round is closed): it cannot add to a released total.
-    share = next(decode(b) for k, b in agg_rows(cl, 0) if k == "share" and decode(b).round_id == rid)
+    # A site's old share sent again is refused (the round is closed): it cannot add to a released total. (The
+    # compacted log keeps the share's metadata, not its payload: the state is checked before the payload.)
+    share = next(s for s in agg_history(cl, 0)[1] if s.round_id == rid)
     with pytest.raises(RoundError, match="is closed"):
         call_as(cl, share.site, 0, lambda c: c.send(share))
 

@@ -127,8 +127,10 @@ def test_a_replicated_deployment_gives_the_embedded_numbers(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("settings, n, message", [
-    ({"scheme": "pairwise"}, 2, "not a scheme a deployed study runs"),
-    ({"scheme": "additive", "threshold": 2}, 2, 'threshold is for scheme = "shamir" only'),
+    ({"scheme": "plaintext"}, 2, "not a scheme a deployed study runs"),
+    ({"scheme": "pairwise"}, 2, "pairwise masking runs with exactly 1 aggregator"),
+    ({"scheme": "additive", "threshold": 2}, 2, 'threshold is for scheme = "shamir" or "pairwise" only'),
+    ({"scheme": "additive"}, 1, "at least 2 aggregators"),
     ({"scheme": "shamir", "threshold": 4}, 3, "threshold must be in 2..3"),
     ({"scheme": "replicated"}, 2, "exactly 3 aggregators"),
 ])

@@ -22,7 +22,8 @@ import pytest
 from secagg_roc import Study
 from secagg_roc.aggregator import RoundState
 from secagg_roc.analyst import agree_contributors, combine, combine_forwarded
-from secagg_roc.deploy.aggregator_state import ABANDON_FACTOR, AggregatorState, parse_refusal, replay
+from secagg_roc.deploy.aggregator_state import ABANDON_FACTOR, AggregatorState, parse_refusal
+from secagg_roc.deploy.compaction import Compactor
 from secagg_roc.deploy.config_write import loopback_study
 from secagg_roc.deploy.http_protocol import pack_frames
 from secagg_roc.deploy.local_cluster import write_site_csv
@@ -79,25 +80,32 @@ def next_step(site: Site, number: int, run: str) -> Query:
 
 
 class Aggregator:
-    """One aggregator's state plus its log, the way the service uses them (apply, then append)."""
+    """One aggregator's state plus its log, the way the service uses them (apply, append, compact once a
+    round settled; `compact=False`: the whole history stays in the log)."""
 
-    def __init__(self, config, name: str, path: Path):
-        self.config, self.name, self.path = config, name, path
+    def __init__(self, config, name: str, path: Path, compact: bool = True):
+        self.config, self.name, self.path, self.compact = config, name, path, compact
         self.store = Store(path, study=STUDY, party=name)
         self.state = AggregatorState(config, name)
-        replay(self.state, self.store)
+        self.compactor = Compactor(self.store)
+        self.compactor.replay(self.state)
+        if compact:
+            self.compactor.compact(self.state)
 
     def apply(self, kind: str, message, *, number: int = 0, party: str = "", at: float = 1000.0):
         body = b"".join(pack_frames([StatusRequest(message.round_id), message.reply])) if kind == "refusal" else (
             message.encode() if message is not None else b"")
         applied = self.state.apply(kind, message, number=number, party=party, at=at, body=body)
         if applied.changed:
+            number = number or getattr(getattr(message, "round_id", None), "number", 0)
             self.store.append(kind, number, body, party=party, at=at)
+            if self.compact and kind in ("close", "abandon"):
+                self.compactor.compact(self.state)
         return applied
 
     def restart(self) -> "Aggregator":
         self.store.close()
-        return Aggregator(self.config, self.name, self.path)
+        return Aggregator(self.config, self.name, self.path, self.compact)
 
 
 def pair(config, tmp_path: Path) -> list[Aggregator]:
@@ -640,7 +648,7 @@ def test_large_bodies_go_to_owner_only_side_files_and_replay_identically(config,
     assert all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files)
     with sqlite3.connect(tmp_path / "agg-1.sqlite") as db:
         rows = db.execute("SELECT length(body), file, size FROM log WHERE file != ''").fetchall()
-    assert len(rows) >= 2 and len(rows) == len(files)  # at least agg-1's two shares
+    assert len(rows) == 1 == len(files)  # agg-1's release, which replaced its two shares (compaction)
     assert all(n == 0 and size >= 100 for n, _, size in rows)  # no blob in SQLite
 
 
@@ -679,7 +687,7 @@ def test_side_files_orphans_damage_and_schema_upgrade(tmp_path: Path, monkeypatc
         store.append("b", 2, b"y" * 20)
         assert [e.body for e in store.entries()] == [b"\x01\x02", b"y" * 20]
     with sqlite3.connect(old) as db:
-        assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "2"
+        assert db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()[0] == "3"
 
 
 def test_a_refusal_never_quotes_data_from_an_unexpected_error() -> None:

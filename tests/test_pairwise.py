@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
@@ -322,3 +322,51 @@ def test_protocol_spec_lists_exactly_the_engines_messages():
            ("site", "aggregator", "MaskedInput"), ("aggregator", "site", "UnmaskRequest"),
            ("site", "aggregator", "UnmaskResponse")}
     assert {f for f in flows if f[2] in KINDS} == run
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(3, 5), st.data())
+def test_a_client_logged_and_restored_at_every_step_gives_the_same_round(k, data) -> None:
+    """`pairwise.durable`: what a deployed site logs before each message leaves rebuilds a client that
+    masks with the same masks and answers the same unmask request the same way (and no other)."""
+    from secagg_roc.pairwise.durable import restore, snapshot
+
+    ids = list(range(k))
+    t = data.draw(st.integers(2, k - 1))
+    dropped = set(data.draw(st.lists(st.sampled_from(ids), max_size=k - t, unique=True)))
+    tag = b"durable"
+    server = PairwiseServer(tag, ids, t)
+    clients = {i: PairwiseClient(i, tag, t, set(ids) - {i}) for i in ids}
+
+    def again(i):  # a restart: the client is only what its last snapshot says
+        clients[i] = restore(snapshot(clients[i]))
+
+    for i in ids:
+        server.receive_keys(clients[i].advertise_keys())
+        again(i)
+    for i in ids:
+        server.route(clients[i].share_keys(server.keys_for(i)))
+        again(i)
+    for i in ids:
+        clients[i].receive_shares(server.shares_for(i))
+        again(i)
+    x = {i: np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=3, max_size=3)), dtype=np.uint64)
+         for i in ids}
+    for i in ids:
+        if i not in dropped:
+            logged = snapshot(clients[i])
+            masked = clients[i].mask(x[i])
+            np.testing.assert_array_equal(restore(logged).mask(x[i]).y, masked.y)  # the same masks after a restart
+            server.receive_masked(masked)
+    request = server.unmask_request()
+    for i in sorted(request.survivors):
+        answer = clients[i].unmask(request)
+        restored = restore(snapshot(clients[i]))
+        assert restored.unmask(request) == answer
+        with pytest.raises(RoundError, match="second, different"):
+            restored.unmask(UnmaskRequest(tag, request.survivors - {i}, request.dropped | {i}))
+        server.receive_unmask(answer)
+    expected = np.zeros(3, dtype=np.uint64)
+    for i in request.survivors:
+        expected += x[i]
+    np.testing.assert_array_equal(server.total(), expected)

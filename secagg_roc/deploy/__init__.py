@@ -18,7 +18,8 @@
   `cli_status`: ``secagg-roc status``.
 - `site_presence`: which sites an aggregator hears from, and when.
 - `link_log`: what a site logs about its link to each aggregator (a change, not every retry).
-- `aggregator_state`: what an aggregator holds (no I/O), and the replay of its log.
+- `aggregator_state`: what an aggregator holds (no I/O), bounded to the rounds it keeps.
+- `compaction`: an aggregator's log as a snapshot plus its live rounds; replaying it on start.
 - `aggregator_service`: the aggregator process (HTTPS, aiohttp) around that state.
 - `site_data`: a site's records from its CSV or ``.npz`` file.
 - `site_log`: what a site agent logs (split records, ledger entries) and reading it back.

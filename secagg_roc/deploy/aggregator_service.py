@@ -10,9 +10,8 @@ does, and adds what a deployment needs around it:
   rounds; a site only submits shares and refusals in its own name, reads the
   feed and fetches the releases of rounds it contributed to; anyone else
   gets 403);
-- persistence (`store.Store`): every accepted state-changing message is logged
-  before its reply is sent, and the log is replayed on start through the same
-  core calls, which rebuilds the rounds, the runs and the disclosure log;
+- persistence (`store.Store`, `compaction`): every accepted change is logged
+  before its reply is sent; on start the log replays through the same core calls;
 - the feed sites poll (outbound connections only): the open rounds in the
   analyst's order, a run's join to every site, its later rounds only to the
   run's contributors;
@@ -30,8 +29,7 @@ does, and adds what a deployment needs around it:
   certificates (`revocation`), a site running two agents, and when each
   site last polled (`site_presence`, ``/v1/presence``).
 
-`AggregatorState` (`aggregator_state`, no I/O; the log replays through it) is
-wrapped here in HTTP and persistence.
+`AggregatorState` (`aggregator_state`, no I/O) is wrapped here in HTTP and persistence.
 """
 
 from __future__ import annotations
@@ -54,7 +52,8 @@ from ..messages import (
     StatusRequest,
     decode,
 )
-from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal, replay
+from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
+from .compaction import Compactor
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
@@ -70,6 +69,7 @@ from .http_protocol import (
     pack_frames,
     status_for,
 )
+from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
 from .revocation import RevocationList
@@ -125,7 +125,8 @@ class AggregatorService:
     def open_store(self) -> None:
         """Open the database and replay it (before listening, so no request sees a partial state)."""
         self.store = Store(self.agg_config.database, study=self.config.study_id, party=self.name, synchronous=self.synchronous)
-        self.replayed = replay(self.state, self.store)
+        self.compactor = Compactor(self.store)  # the log keeps the live rounds and a snapshot of the rest
+        self.replayed = self.compactor.open(self.state)
 
     async def start(self) -> str:
         """Replay the log, then listen; returns the URL."""
@@ -143,6 +144,7 @@ class AggregatorService:
         app.router.add_get("/v1/feed", self._feed)
         app.router.add_get("/v1/info", self._info)
         app.router.add_get("/v1/presence", self._presence)
+        add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
         host, port = self.agg_config.listen
@@ -237,7 +239,7 @@ class AggregatorService:
         assert self._lock is not None and self.store is not None
         loop = asyncio.get_running_loop()
         async with self._lock:
-            at = time.time()
+            at, number = time.time(), number or getattr(getattr(message, "round_id", None), "number", 0)
             if heavy:  # summing a round can take a while: keep the event loop serving meanwhile
                 applied = await loop.run_in_executor(
                     None, lambda: self.state.apply(kind, message, number=number, party=party, at=at, body=body)
@@ -245,14 +247,14 @@ class AggregatorService:
             else:
                 applied = self.state.apply(kind, message, number=number, party=party, at=at, body=body)
             if applied.changed:
-                try:
-                    await loop.run_in_executor(self._db, lambda: self.store.append(kind, number, body, party=party, at=at))
+                try:  # (and once a round settled, compact the log: see `compaction`)
+                    await loop.run_in_executor(self._db, lambda: self.compactor.append(self.state, kind, number, body, party, at))
                 except Exception:
                     # The state changed but the log did not: rebuild the state from the log so that
                     # what we hold is exactly what we can replay, then refuse the request.
                     log.exception("could not log a %s; restoring the state from the database", kind)
                     self.state = AggregatorState(self.config, self.name)
-                    await loop.run_in_executor(self._db, replay, self.state, self.store)
+                    await loop.run_in_executor(self._db, self.compactor.replay, self.state)
                     raise
                 self._notify()
             return applied
@@ -293,6 +295,8 @@ class AggregatorService:
         if kind == "status":
             async with self._lock:
                 return _reply(self.state.status(message.round_id))
+        if kind == "close":
+            await before_close(self, message, body)  # pairwise masking: first the survivors' unmask answers
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)

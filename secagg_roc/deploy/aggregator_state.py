@@ -1,12 +1,14 @@
-"""What one aggregator holds, with no I/O: `AggregatorState`, and `replay` of its log.
+"""What one aggregator holds, with no I/O: `AggregatorState` (its log replays through it: `compaction`).
 
 Run by each Aggregator inside its service (`aggregator_service`). The state is
 built only from accepted messages: the core round state machine
 (`aggregator.Aggregator`: runs, their contributor sets, the differencing
 guard), which analyst number stands for which round, the feed the sites poll,
 the sites' refusals and the abandoned rounds. Live requests and the replay of
-the log on start go through the same `AggregatorState.apply`, so a restarted
-aggregator holds exactly what it held before.
+the log on start (`compaction.replay`) go through the same
+`AggregatorState.apply`, so a restarted aggregator holds exactly what it held
+before. Only the last `KEEP_SETTLED` settled rounds are held (and those the
+live runs still refer to): older ones are retired, their numbers never reused.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..aggregator import Aggregator, Round, RoundPolicy, RoundState
-from ..errors import ConfigError, MessageError, PolicyError, RoundError, SecAggError
+from ..errors import ConfigError, MessageError, PolicyError, RoundError
 from ..messages import (
     CloseRound,
     ErrorReply,
@@ -25,21 +27,23 @@ from ..messages import (
     RoundId,
     RoundStatus,
     StatusRequest,
-    decode,
 )
 from ..queries import lookup, message_digest
 from ..queries.run import JOIN
 from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
-from .store import Store
+from .pairwise_relay import PREFIX as PAIRWISE, PairwiseRelay
 
-__all__ = ["AggregatorState", "Applied", "parse_refusal", "replay", "ABANDON_FACTOR", "RETAIN_RELEASED"]
+__all__ = ["AggregatorState", "Applied", "parse_refusal", "ABANDON_FACTOR", "RETAIN_RELEASED", "KEEP_SETTLED"]
 
 
 #: A round still open this many round timeouts after it opened is abandoned.
 ABANDON_FACTOR = 2.0
 #: Released rounds whose aggregate share is kept for the sites (and the analyst) to fetch again.
 RETAIN_RELEASED = 64
+#: Settled rounds kept (at least; four per open-round slot, so the core's run book keeps every live run):
+#: older ones are retired, their numbers never opened again, and `compaction` drops them from the log.
+KEEP_SETTLED = 256
 
 
 @dataclass
@@ -88,19 +92,25 @@ class AggregatorState:
             allow_dropouts=policy.allow_dropouts,
         )
         self.core = Aggregator(config.study_id, self.index, round_policy, self.scheme,
-                               max_open_rounds=config.max_open_rounds, retain_released=RETAIN_RELEASED)
+                               max_open_rounds=config.max_open_rounds, retain_released=RETAIN_RELEASED,
+                               keep_settled=max(KEEP_SETTLED, 4 * config.max_open_rounds))
+        # Only rounds the core still holds are described here (`_forget_retired`): the state stays bounded.
         self.numbers: dict[int, _Number] = {}
         self.abandoned: set[int] = set()
         self.refusals: dict[int, dict[str, ErrorReply]] = {}
-        # The feed: (round number, encoded query); a site's cursor is an index into it.
-        self.feed: list[tuple[int, bytes]] = []
+        # The feed: position -> (round number, encoded query), for open rounds only (a settled round is never
+        # served again); a site's cursor is a position, and `feed_len` the next one.
+        self.feed: dict[int, tuple[int, bytes]] = {}
+        self.feed_len = 0
+        #: The server side of pairwise masking's phases (None under the other schemes).
+        self.pairwise = PairwiseRelay(self) if self.scheme.name == "pairwise" else None
 
     # -- queries about the state -------------------------------------------------
 
     @property
     def next_number(self) -> int:
         """The smallest number above every number used so far (for a new analyst)."""
-        return max(self.numbers, default=-1) + 1
+        return max(max(self.numbers, default=-1), self.core.retired_max) + 1
 
     def is_open(self, number: int) -> bool:
         """True while round `number` can still take submissions."""
@@ -158,6 +168,9 @@ class AggregatorState:
         (the analyst may open it here later, e.g. after this aggregator restarted).
         """
         if rid.study == self.config.study_id and rid.number not in self.numbers:
+            if rid.number <= self.core.retired_max:
+                raise RoundError(f"{rid} is older than the rounds aggregator {self.name!r} keeps; "
+                                 "its release is no longer held")
             return None
         r = self._round(rid)
         if r.released_over is None:
@@ -178,12 +191,12 @@ class AggregatorState:
         and a site never sees the later rounds of a run it is not part of.
         """
         out = []
-        for pos in range(max(0, since), len(self.feed)):
+        for pos in sorted(p for p in self.feed if p >= since):
             number, body = self.feed[pos]
             if not self.is_open(number) or site in self.answered(number) or site not in self.expected(number):
                 continue
             out.append((number, body))
-        return len(self.feed), out
+        return self.feed_len, out
 
     def expired(self, now: float, timeout: float) -> list[int]:
         """Rounds still open `ABANDON_FACTOR` timeouts after they were opened."""
@@ -200,6 +213,8 @@ class AggregatorState:
             share = _expect(message, InputShare)
             r = self._round(share.round_id)
             self._check_expected(share.site, share.round_id)
+            if self.pairwise is not None:
+                self.pairwise.check_share(share)
             new = r.submit(share)
             # The acknowledgement names only the submitter: a site never learns who else took part.
             return Applied(RoundStatus(r.round_id, (share.site,), r.released_over is not None), new)
@@ -207,12 +222,19 @@ class AggregatorState:
             close = _expect(message, CloseRound)
             r = self._round(close.round_id)
             before = r.released_over
+            unmask = None if self.pairwise is None else self.pairwise.unmasker(close, r)
             reply = self.core.close(close)  # the run's rules and the differencing guard
+            if unmask is not None:
+                reply = unmask(reply)
+            if before is None:
+                self._forget_retired()
             return Applied(reply, before is None)
         if kind == "refusal":
             return self._refusal(party, message)
         if kind == "abandon":
             return self._abandon(number)
+        if kind.startswith(PAIRWISE) and self.pairwise is not None:
+            return Applied(None, self.pairwise.apply(kind, number, party, at, body))
         raise MessageError(f"unknown log entry kind {kind!r}")
 
     def _query(self, query: Query, at: float, body: bytes) -> Applied:
@@ -242,7 +264,8 @@ class AggregatorState:
             )
         reply = self.core.open(query)  # a run's rounds only, in the order of its plan (PolicyError otherwise)
         self.numbers[rid.number] = _Number(rid, at)
-        self.feed.append((rid.number, body or query.encode()))
+        self.feed[self.feed_len] = (rid.number, body or query.encode())
+        self.feed_len += 1
         return Applied(reply, True)
 
     def _check_expected(self, site: str, rid: RoundId) -> None:
@@ -276,7 +299,21 @@ class AggregatorState:
         # Free the shares and the open-round slot; the number stays used (self.numbers) for ever; its run fails.
         self.core.abandon(number)
         self.refusals.pop(number, None)
+        self._forget_retired()
         return Applied(None, True)
+
+    def _forget_retired(self) -> None:
+        """After a round settled: drop settled rounds' feed entries and what the core no longer holds."""
+        self.feed = {p: e for p, e in self.feed.items() if self.is_open(e[0])}
+        if self.pairwise is not None:  # an abandoned round's key agreement too
+            self.pairwise.rounds = {n: r for n, r in self.pairwise.rounds.items() if self.is_open(n)}
+        rounds = self.core.rounds
+        if len(self.numbers) > len(rounds):
+            gone = [n for n in self.numbers if n not in rounds]
+            for n in gone:
+                del self.numbers[n]
+                self.refusals.pop(n, None)
+                self.abandoned.discard(n)
 
 
 @dataclass(frozen=True)
@@ -299,19 +336,3 @@ def _expect(message: Message | None, cls: type) -> Any:
     if not isinstance(message, cls):
         raise MessageError(f"expected a {cls.__name__}, got {type(message).__name__}")
     return message
-
-
-def replay(state: AggregatorState, store: Store) -> int:
-    """Apply every logged entry to a fresh `state`, in order; the number of entries."""
-    n = 0
-    for entry in store.entries():
-        message = parse_refusal(entry.body) if entry.kind == "refusal" else (decode(entry.body) if entry.body else None)
-        try:
-            state.apply(entry.kind, message, number=entry.number, party=entry.party, at=entry.at, body=entry.body)
-        except SecAggError as exc:
-            raise ConfigError(
-                f"{store.path}: log entry {entry.seq} ({entry.kind}) no longer applies: {exc}; the database "
-                "is damaged or was written by another study definition"
-            ) from None
-        n += 1
-    return n

@@ -34,8 +34,11 @@ from .config_schema import (
 )
 from .config_table import REQUIRED, TomlTable, array_of_tables
 
-#: The sharing schemes a deployed study runs (pairwise masking needs interactive phases the services lack).
-DEPLOYED_SCHEMES = ("additive", "shamir", "replicated")
+#: The sharing schemes a deployed study runs (pairwise masking: one aggregator relays its phases,
+#: `deploy.pairwise_relay`; the plaintext baseline runs embedded only).
+DEPLOYED_SCHEMES = ("additive", "shamir", "replicated", "pairwise")
+#: Schemes that take a ``threshold``: Shamir's t of the aggregators, pairwise masking's t of the sites.
+THRESHOLD_SCHEMES = ("shamir", "pairwise")
 
 __all__ = ["parse_study", "load_study"]
 
@@ -100,10 +103,10 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     scheme = s.string("scheme") if s.has("scheme") else "additive"
     if scheme not in DEPLOYED_SCHEMES:
         raise s.error(f"{scheme!r} is not a scheme a deployed study runs; one of {', '.join(DEPLOYED_SCHEMES)} "
-                      "(pairwise masking and the plaintext baseline run embedded only)", "scheme")
+                      "(the plaintext baseline runs embedded only)", "scheme")
     threshold = s.integer("threshold", REQUIRED, lo=2) if s.has("threshold") else None
-    if threshold is not None and scheme != "shamir":
-        raise s.error("a threshold is for scheme = \"shamir\" only", "threshold")
+    if threshold is not None and scheme not in THRESHOLD_SCHEMES:
+        raise s.error("a threshold is for scheme = \"shamir\" or \"pairwise\" only", "threshold")
     s.finish()
 
     aggregators = []
@@ -143,9 +146,16 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     def fail(key: str, problem: str) -> ConfigError:
         return ConfigError(f"{origin}: {key}: {problem}")
 
-    if len(aggregators) < 2:
+    if scheme == "pairwise" and len(aggregators) != 1:
+        raise fail("aggregators", f"pairwise masking runs with exactly 1 aggregator (its server), "
+                   f"found {len(aggregators)} [[aggregators]] tables")
+    if len(aggregators) < 2 and scheme != "pairwise":
         raise fail("aggregators", f"a study needs at least 2 aggregators ([[aggregators]] tables), "
-                   f"found {len(aggregators)}: with one, that aggregator would see every input")
+                   f"found {len(aggregators)}: with one, that aggregator would see every input "
+                   "(unless scheme = \"pairwise\", whose one server sees only masked inputs)")
+    if scheme == "pairwise" and threshold is not None and threshold > len(sites):
+        raise fail("study.threshold", f"a pairwise-masking threshold of {threshold} sites is more than the "
+                   f"{len(sites)} [[sites]] defined")
     if len(sites) < min_sites:
         raise fail("sites", f"study.min_sites is {min_sites} but only {len(sites)} "
                    f"[[sites]] table(s) are defined")

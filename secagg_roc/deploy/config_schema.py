@@ -199,9 +199,11 @@ class StudyConfig:
     round_timeout_s: float = 300.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_open_rounds: int = 16
-    #: The sharing scheme every party uses: "additive" (N-of-N), "shamir" (`threshold`-of-N) or "replicated".
+    #: The sharing scheme every party uses: "additive" (N-of-N), "shamir" (`threshold`-of-N), "replicated", or
+    #: "pairwise" (one aggregator as the server of pairwise masking; `threshold` sites of each round).
     scheme: str = "additive"
-    #: Shamir's threshold t (None: a majority of the aggregators).
+    #: Shamir's threshold t (None: a majority of the aggregators); pairwise masking's t (None: a majority
+    #: of each round's sites).
     threshold: int | None = None
     #: The sites' privacy policy (the ``[policy]`` table); its q and min_sites are the two fields above.
     policy: Policy | None = None

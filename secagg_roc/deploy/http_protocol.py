@@ -22,6 +22,8 @@ checked from the peer's certificate on every request)::
     GET  /v1/feed        site; ?since=SEQ&wait=SECONDS; reply feed: the open rounds after SEQ
                          this site has not answered (a run's join to every site, its later
                          rounds only to the run's contributors); long-polls when there are none
+    POST /v1/pairwise    site, under scheme = "pairwise" only: its key agreement's messages and its
+    GET  /v1/pairwise    unmask answer; and a long poll for the server's messages to it (`pairwise_routes`)
     GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number,
                          open_rounds, policy (the digest of the [policy] it enforces)
     GET  /v1/presence    analyst or aggregator; JSON: per site, whether its agent is polling the
@@ -150,7 +152,8 @@ def status_for(exc: BaseException) -> int:
 
 def error_reply(exc: BaseException) -> ErrorReply:
     """The `ErrorReply` carrying `exc`'s class name and text."""
-    code = type(exc).__name__ if type(exc).__name__ in ERROR_CLASSES else "ServiceError"
+    # A subclass (e.g. pairwise masking's TooFewSurvivors) travels as its nearest known class.
+    code = next((c.__name__ for c in type(exc).__mro__ if ERROR_CLASSES.get(c.__name__) is c), "ServiceError")
     return ErrorReply(code, str(exc) or code)
 
 

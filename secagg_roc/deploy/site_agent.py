@@ -29,8 +29,10 @@ polls: the site never listens on a port). For each round it:
    moves the site's copy of the plan on. The analyst never sends a site
    anything but the rounds.
 
-After a restart, answered rounds whose release is still to come are fetched
-again. `SiteAgent` is the network side (feeds, pushes, releases) on top of
+Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
+agreement through the one aggregator and followed by the site's one unmask
+answer (`site_pairwise`, logged before anything leaves). After a restart,
+answered rounds whose release is still to come are fetched again. `SiteAgent` is the network side (feeds, pushes, releases) on top of
 `site_answers.SiteAnswers`, which answers and logs; the log's format is
 `site_log`. The public names of `site_data` and `site_log` are importable from
 here as well.
@@ -131,6 +133,9 @@ class SiteAgent(SiteAnswers):
         for number, answer in sorted(self.answers.items()):
             if answer.kind == "shares" and number not in self.settled:
                 self._fetch_release(number)  # answered before a restart: its release may be waiting
+                if self.pairwise.masks(self.queries[number]):
+                    # and its unmask request may be waiting for this site's answer
+                    self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
         followers = [asyncio.create_task(self._follow(j)) for j in range(len(self.clients))]
         await stop.wait()
         self._stopping = True
@@ -204,18 +209,28 @@ class SiteAgent(SiteAnswers):
             cached = self.answers.get(number)
             if cached is None:
                 await self._await_previous(message)
-                cached = await loop.run_in_executor(None, self._answer, message)
+                if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
+                    cached = await self.pairwise.agree(message, self.clients[0])
+                if cached is None:
+                    cached = await loop.run_in_executor(None, self._answer, message)
+                self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
+                if cached.kind == "refusal":
+                    self.pairwise.forget(number)  # nothing masked: it answers no unmask request
             elif cached.round_id != message.round_id:
                 log.warning("round %d offered for a second, different query; refused", number)
                 return
             elif cached.outputs is None:  # logged before a restart: re-create the identical shares
                 if number in self.settled:
                     return  # released already: nothing left to send
+                if self.pairwise.masks(message):
+                    self.pairwise.restore_session(number)  # masks again with the logged masks
                 cached = await loop.run_in_executor(None, self._recreate, message, cached)
         # The feed of `source` lists only rounds it has no answer of ours for, so send it ours again
         # even if it refused it before (it may not have had the query yet, e.g. after a restart).
         assert cached.outputs is not None
         self._push_all(number, cached.outputs, force=source)
+        if cached.kind == "shares" and self.pairwise.masks(message):
+            self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
         if cached.kind == "shares" and number not in self.settled and _small(cached.outputs):
             # Small releases are fetched at once, to be ready for the next step; large ones only when the
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
@@ -299,6 +314,7 @@ class SiteAgent(SiteAnswers):
             log.error("an aggregator answered the release of round %d with something else; ignored", number)
             return
         await loop.run_in_executor(None, self._take_release, number, list(shares))
+        self.pairwise.forget(number)
 
     # -- pushing -----------------------------------------------------------------
 

@@ -53,6 +53,7 @@ from ..study import site_noise_rng
 from .config_schema import SiteConfig, StudyConfig, with_article
 from .http_protocol import ERROR_CLASSES, pack_frames, unpack_frames
 from .site_data import load_site_data
+from .site_pairwise import LOG_KIND as PAIRWISE, SitePairwise
 from .site_log import LEDGER_PREFIX, SPLIT_FORMAT, default_state_path, split_mismatch, split_record, split_round
 from .store import Store
 
@@ -149,6 +150,8 @@ class SiteAnswers:
         self._site_lock = threading.Lock()
         self._logged_rng = ""
         self.on_answer: Callable[[int, str], None] | None = None  # for tests and logs
+        #: Pairwise masking's key agreements of this site (logged in the same store).
+        self.pairwise = SitePairwise(self)
 
     # -- the log -----------------------------------------------------------------
 
@@ -177,6 +180,8 @@ class SiteAnswers:
                 self.answers[number] = _Answer(frames[0].round_id, "refusal", [list(frames) for _ in range(n_aggs)])
             elif kind == "release":
                 releases[number] = unpack_frames(entry.body)
+            elif kind == PAIRWISE:
+                self.pairwise.replay(number, entry.body)
             else:
                 raise ConfigError(
                     f"{self.store.path}: log entry {entry.seq} has kind {kind!r}, which this version does not know "
@@ -198,6 +203,7 @@ class SiteAnswers:
                 log.error("could not restore round %d (%s) from the log: %s: %s", number, query.name, type(exc).__name__, exc)
             if release is not None:
                 self.settled.add(number)
+                self.pairwise.forget(number)
 
     def _index(self, number: int, query: Query) -> None:
         """Remember that round `number` answered its run's step (for `SiteAgent._await_previous`)."""

@@ -1,4 +1,4 @@
-"""Durable state of a deployed party: an append-only log in SQLite (WAL).
+"""Durable state of a deployed party: a log in SQLite (WAL), appended to and compacted.
 
 Used by each Aggregator service and each Site agent. The design is the
 simplest one that survives ``kill -9``: every *accepted* state-changing
@@ -33,6 +33,17 @@ here; a side file takes about 12 ms. A file left by a crash before its row
 was committed is never referenced and is removed on the next open. Schema 2
 adds the ``file`` and ``size`` columns; a schema 1 database is upgraded in
 place when opened (an older build then refuses it instead of misreading it).
+
+Compaction (`compact`, used by the aggregators: see `compaction`): a party may
+replace the past of its log by a *snapshot* of its state, kept in ``meta``,
+in ONE transaction that writes the snapshot and deletes the entries it
+stands for (those up to its ``upto`` sequence number, except the ones the
+party names to keep); side files of deleted entries are unlinked only after
+the commit. A kill -9 at any point leaves either the old log or the
+snapshot and its kept entries, never a mixture; the side files of a crash
+between commit and unlink are orphans, removed on the next open. Schema 3
+marks a database that may hold a snapshot (schemas 1 and 2 are upgraded in
+place), so that a build which would replay the log without it refuses the file.
 """
 
 from __future__ import annotations
@@ -50,7 +61,7 @@ from ..errors import ConfigError
 
 __all__ = ["LogEntry", "Store", "SYNC_MODES"]
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 SYNC_MODES = ("FULL", "NORMAL")
 #: Bodies at least this large go to fsync'd side files (see the module docstring).
 SIDE_BYTES = 1 << 20
@@ -126,8 +137,8 @@ class Store:
                 self._db.executemany("INSERT INTO meta(key, value) VALUES (?, ?)", sorted(want.items()))
                 self._db.execute("COMMIT")
             return
-        if have.get("schema") == "1" and have.get("study") == study and have.get("party") == party:
-            with self._lock:  # schema 1 -> 2: side-file columns (every old row stays inline)
+        if have.get("schema") in ("1", "2") and have.get("study") == study and have.get("party") == party:
+            with self._lock:  # schema 1 -> 3: side-file columns (every old row stays inline); 2 -> 3: nothing
                 self._db.execute("BEGIN IMMEDIATE")
                 if "file" not in columns:
                     self._db.execute("ALTER TABLE log ADD COLUMN file TEXT NOT NULL DEFAULT ''")
@@ -254,6 +265,55 @@ class Store:
                 last = seq
                 data = self._read_side_file(seq, file, size) if file else bytes(body)
                 yield LogEntry(seq, kind, number, party, at, data)
+
+    def snapshot(self) -> str | None:
+        """The snapshot the last `compact` wrote (None: the log holds the party's whole history)."""
+        with self._lock:
+            row = self._db.execute("SELECT value FROM meta WHERE key = 'snapshot'").fetchone()
+        return None if row is None else str(row[0])
+
+    def last_seq(self) -> int:
+        """The sequence number of the newest entry (0 for an empty log)."""
+        with self._lock:
+            return int(self._db.execute("SELECT coalesce(max(seq), 0) FROM log").fetchone()[0])
+
+    def compact(self, snapshot: str, upto: int, *, keep_numbers: dict[str, list[int]],
+                keep_seqs: list[int], renumber: list[tuple[int, int]] = ()) -> int:
+        """Store `snapshot` and delete the entries with ``seq <= upto`` it stands for: all of them but
+        those of a kind in `keep_numbers` with a round number listed there, and those in `keep_seqs`.
+        One transaction; `renumber` (seq, number) first corrects the round number of old entries.
+        Returns how many entries were deleted."""
+        keep = " OR ".join(
+            [f"(kind = ? AND number IN ({','.join('?' * len(ns))}))" for ns in keep_numbers.values() if ns]
+            + ([f"seq IN ({','.join('?' * len(keep_seqs))})"] if keep_seqs else [])
+        )
+        params: list[object] = [int(upto)]
+        for kind, ns in keep_numbers.items():
+            if ns:
+                params += [kind, *map(int, ns)]
+        params += [int(q) for q in keep_seqs]
+        where = "seq <= ?" + (f" AND NOT ({keep})" if keep else "")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany("UPDATE log SET number = ? WHERE seq = ?", [(n, q) for q, n in renumber])
+                files = [f for (f,) in self._db.execute(f"SELECT file FROM log WHERE {where} AND file != ''", params)]
+                deleted = self._db.execute(f"DELETE FROM log WHERE {where}", params).rowcount
+                self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('snapshot', ?)", (snapshot,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        for name in files:  # after the commit: a crash here leaves orphans, removed on the next open
+            (self.blobs / name).unlink(missing_ok=True)
+        return int(deleted)
+
+    def disk_bytes(self) -> int:
+        """Bytes on disk of the database, its WAL and its side files."""
+        paths = [self.path, self.path.with_name(self.path.name + "-wal")]
+        if self.blobs.is_dir():
+            paths += list(self.blobs.iterdir())
+        return sum(p.stat().st_size for p in paths if p.exists())
 
     def count(self) -> int:
         with self._lock:

@@ -10,20 +10,25 @@ and releases the survivors' total. Every message is recorded in the
 receiver's transcript (with its encoded size); ``wire=True`` also sends it
 through its byte encoding. Per-site (DP) rounds have no masks and skip all
 of this.
+
+A deployment runs the same steps across processes: `plan_round` (every
+party's view of a round), `note_contributors` and `check_survivors` serve
+the deployed server (`deploy.pairwise_relay`) and sites (`deploy.site_pairwise`)
+as they serve `PairwiseRounds` here.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 
 from ..errors import RoundError
-from ..messages import AggregateShare, Query
+from ..messages import AggregateShare, Query, RoundId
 from ..transcript import Transcript
 from .engine import PairwiseClient, PairwiseServer
-from .graph import complete_graph, default_degree, neighbour_graph
-from .messages import PairwiseMessage, decode
+from .graph import Graph, complete_graph, default_degree, neighbour_graph
+from .messages import PairwiseMessage, UnmaskRequest, decode
 
 #: Up to this many sites a round uses the complete graph; beyond, SecAgg+'s sparse one.
 COMPLETE_UP_TO = 16
@@ -31,6 +36,50 @@ COMPLETE_UP_TO = 16
 #: The phases a site may drop out before (`LocalFederation.take_down`): never asked, after advertising its
 #: keys, after sharing them (so it sends no masked input), after its masked input (no unmask response).
 SITE_PHASES = ("open", "keys", "share", "unmask")
+
+
+def round_tag(round_id: RoundId) -> bytes:
+    """The engine's round id for a study round: binds every key, mask and share to it."""
+    return f"{round_id.study}/{round_id.number}/{round_id.query}".encode()
+
+
+def plan_round(query: Query, names: Iterable[str], index: Mapping[str, int], threshold_for: Callable[[int], int]
+               ) -> tuple[bytes, dict[int, str], Graph, int]:
+    """The public parameters of one round among `names`: (tag, site id -> name, neighbour graph, threshold).
+
+    Run by the server and by every Site alike (each recomputes them from the query and the round's sites,
+    so no party has to trust another's): the complete graph up to `COMPLETE_UP_TO` sites, beyond it
+    SecAgg+'s sparse graph seeded by the round; `threshold_for` the scheme's rule."""
+    tag = round_tag(query.round_id)
+    ids = {index[n]: n for n in names}
+    graph = (complete_graph(ids) if len(ids) <= COMPLETE_UP_TO
+             else neighbour_graph(ids, default_degree(len(ids)), seed=tag))
+    hood = min(len(n) for n in graph.values()) + 1  # the smallest neighbourhood, the site itself included
+    t = threshold_for(len(ids) if len(ids) <= COMPLETE_UP_TO else hood)
+    if t > hood:
+        raise RoundError(f"{query.round_id}: a pairwise-masking threshold of {t} sites is more than the "
+                         f"{hood} sites of the smallest neighbourhood in this round")
+    return tag, ids, graph, t
+
+
+def note_contributors(server: PairwiseServer, index: Mapping[str, int], contributors: Iterable[str],
+                      held: Iterable[str]) -> None:
+    """Run by the server before the close: of the `held` sites (whose masked vector the round accepted),
+    the `contributors` are the survivors; a site left out counts as dropped (its self mask stays on)."""
+    held = set(held)
+    for site in contributors:
+        if site in held:
+            server.note_masked(index[site])
+
+
+def check_survivors(query: Query, request: UnmaskRequest, index: Mapping[str, int],
+                    contributors: Iterable[str]) -> set[str]:
+    """Run by the server: the survivors' names, which must be exactly the contributor set released over."""
+    survivors = {n for n, i in index.items() if i in request.survivors}
+    if survivors != set(contributors):
+        raise RoundError(f"{query.round_id}: pairwise masks cancel only over every site that sent a masked "
+                         f"input; the contributor set {sorted(contributors)} differs from {sorted(survivors)}")
+    return survivors
 
 
 class PairwiseRounds:
@@ -59,15 +108,7 @@ class PairwiseRounds:
               down: Mapping[str, str]) -> None:
         """Phases AdvertiseKeys and ShareKeys among `names`; each site's client goes into its `sessions`."""
         number = query.round_id.number
-        tag = f"{query.round_id.study}/{number}/{query.round_id.query}".encode()
-        ids = {self.index[n]: n for n in names}
-        graph = (complete_graph(ids) if len(ids) <= COMPLETE_UP_TO
-                 else neighbour_graph(ids, default_degree(len(ids)), seed=tag))
-        hood = min(len(n) for n in graph.values()) + 1  # the smallest neighbourhood, the site itself included
-        t = self.threshold_for(len(ids) if len(ids) <= COMPLETE_UP_TO else hood)
-        if t > hood:
-            raise RoundError(f"{query.round_id}: a pairwise-masking threshold of {t} sites is more than the "
-                             f"{hood} sites of the smallest neighbourhood in this round")
+        tag, ids, graph, t = plan_round(query, names, self.index, self.threshold_for)
         server = self._servers[number] = PairwiseServer(tag, ids, t, graph)
         self._sessions[number] = sessions
         clients = self._clients[number] = {}
@@ -97,9 +138,7 @@ class PairwiseRounds:
         server, held = self._servers.get(number), self._masked.get(number, set())
         if server is None:
             return
-        for site in contributors:
-            if site in held:
-                server.note_masked(self.index[site])
+        note_contributors(server, self.index, contributors, held)
 
     def unmask(self, query: Query, contributors: tuple[str, ...], share: AggregateShare,
                down: Mapping[str, str]) -> AggregateShare:
@@ -107,10 +146,7 @@ class PairwiseRounds:
         number = query.round_id.number
         server = self._servers[number]
         request = server.unmask_request()
-        survivors = {n for n, i in self.index.items() if i in request.survivors}
-        if survivors != set(contributors):
-            raise RoundError(f"{query.round_id}: pairwise masks cancel only over every site that sent a masked "
-                             f"input; the contributor set {sorted(contributors)} differs from {sorted(survivors)}")
+        survivors = check_survivors(query, request, self.index, contributors)
         for name in sorted(survivors):
             if down.get(name) != "unmask":
                 req = self._send(self.server_name, name, request)

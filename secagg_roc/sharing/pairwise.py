@@ -74,10 +74,15 @@ class PairwiseSharing(SharingScheme):
                    "sites stay outbound-only: the server relays keys and AES-GCM-encrypted shares"),
         )
 
+    def fresh_seeds(self, holder: int = 0) -> dict[int, bytes]:
+        """No seeds: a masked input's randomness is the round's key agreement, which a deployed Site logs
+        itself (`deploy.site_pairwise`) before anything derived from it leaves."""
+        return {}
+
     def share(self, x: np.ndarray, codec: FixedPoint | RawFloat, *, holder: int = 0, out: np.ndarray | None = None,
               seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
         """Run by a Site: its encoded output masked by this round's `session` (a `PairwiseClient`)."""
-        if seeds is not None:
+        if seeds:
             raise ValueError("pairwise masks come from the round's key agreement, not from given seeds")
         encoded = codec.encode(x, out=out).reshape(-1)
         if isinstance(codec, RawFloat):

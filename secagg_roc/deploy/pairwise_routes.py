@@ -1,0 +1,100 @@
+"""The HTTP side of the deployed pairwise-masking server: the sites' two endpoints and the analyst's close.
+
+Run by the one Aggregator of a ``scheme = "pairwise"`` study (`AggregatorService`
+adds these routes; the state is `pairwise_relay.PairwiseRelay`)::
+
+    POST /v1/pairwise  site; ?round=N&kind=keys|shares|unmask; body: its AdvertiseKeys, its
+                       EncryptedShares (one per neighbour) or its UnmaskResponse (`pairwise_relay.pack`);
+                       at most `PairwiseRelay.max_bytes` (413 beyond); logged before the 204 reply
+    GET  /v1/pairwise  site; ?round=N&phase=keys|shares|unmask&wait=SECONDS; long-polls until the
+                       phase before closed, then replies with what the server holds for this site:
+                       its neighbours' keys (NeighbourKeys), the ciphertexts addressed to it, or the
+                       unmask request (only to a survivor); an empty body when the wait ran out
+
+A poll also closes a key phase once it is due (every site of it sent, or its
+deadline passed): the close is logged like any accepted message. The
+analyst's `CloseRound` first ends the masked input phase (logged), then waits
+for the survivors' unmask answers (`before_close`); the service then applies
+the close, which releases the survivors' total.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+from aiohttp import web
+
+from ..errors import MessageError
+from ..messages import CloseRound
+from .http_protocol import RequestTooLarge, float_param, int_param
+from .pairwise_relay import CLOSE, DEADLINES, KINDS, PHASE_OF_INBOX, POLL_TYPE, pack
+
+if TYPE_CHECKING:
+    from .aggregator_service import AggregatorService
+
+__all__ = ["add_routes", "before_close"]
+_SITE = frozenset({"site"})
+
+
+def add_routes(service: "AggregatorService", app: web.Application) -> None:
+    """Serve the sites' pairwise endpoints on `app` (under a pairwise-masking study only)."""
+    if service.state.pairwise is None:
+        return
+
+    async def post(request: web.Request) -> web.Response:
+        peer = service._peer(request, _SITE)
+        relay = service.state.pairwise
+        number = int_param(request, "round")
+        kind = KINDS.get(request.query.get("kind", ""))
+        if kind is None:
+            raise MessageError(f"kind must be one of {', '.join(KINDS)}")
+        if (request.content_length or 0) > relay.max_bytes:
+            raise RequestTooLarge(f"a pairwise message of {request.content_length} bytes; at most "
+                                  f"{relay.max_bytes} in this study")
+        body = await service._body(request)
+        if len(body) > relay.max_bytes:
+            raise RequestTooLarge(f"a pairwise message of {len(body)} bytes; at most {relay.max_bytes}")
+        await service._apply(kind, None, body, number=number, party=peer.name)
+        return web.Response(status=204)
+
+    async def poll(request: web.Request) -> web.Response:
+        peer = service._peer(request, _SITE)
+        relay = service.state.pairwise
+        number = int_param(request, "round")
+        phase = request.query.get("phase", "")
+        if phase not in PHASE_OF_INBOX:
+            raise MessageError(f"phase must be one of {', '.join(PHASE_OF_INBOX)}")
+        closing = PHASE_OF_INBOX[phase]
+        end = time.time() + min(float_param(request, "wait", 0.0), 30.0)
+        while True:
+            held = relay.inbox(number, peer.name, phase)
+            if held:
+                return web.Response(body=pack(held), content_type=POLL_TYPE)
+            now = time.time()
+            if relay.due(number, closing, now):
+                await service._apply(CLOSE, None, closing.encode(), number=number)
+                continue
+            if now >= end or service._stopping:
+                return web.Response(body=b"", content_type=POLL_TYPE)
+            relayed = relay.rounds.get(number)
+            due_at = end if relayed is None or closing not in DEADLINES else \
+                relayed.opened + DEADLINES[closing] * relay.timeout + 0.01
+            await service._wait(lambda: relay.due(number, closing, time.time()) or bool(
+                relay.inbox(number, peer.name, phase)), max(0.0, min(end, due_at) - now))
+
+    app.router.add_post("/v1/pairwise", post)
+    app.router.add_get("/v1/pairwise", poll)
+
+
+async def before_close(service: "AggregatorService", close: CloseRound, body: bytes) -> None:
+    """Run before the analyst's close of a masked round: end its masked input phase over the contributors
+    the close names (logged), then wait (at most `unmask_wait`) for every survivor's unmask answer."""
+    relay = service.state.pairwise
+    if relay is None:
+        return
+    number = close.round_id.number
+    service.state.status(close.round_id)  # an unknown or abandoned round is refused as it always is
+    if relay.waits_for_close(number):
+        await service._apply(CLOSE, None, body, number=number)
+    await service._wait(lambda: relay.unmask_ready(number, time.time()), relay.unmask_wait)
