@@ -73,6 +73,7 @@ class Aggregator:
         # no wire copies) passes a pool: payloads and old releases are recycled into it.
         self.buffers = buffers
         self.index = index
+        self.name = f"aggregator-{index}"
         self.policy = policy
         self.scheme = scheme
         self.max_open_rounds = max_open_rounds
@@ -81,16 +82,13 @@ class Aggregator:
         self._open: set[int] = set()
         self.runbook = RunBook(policy.sites, policy.allow_dropouts,
                                max_runs=None if keep_settled is None else max(16, keep_settled // 4))
-        #: With `keep_settled`, only that many settled rounds are kept (besides those their runs still need):
-        #: older ones are dropped, and their numbers are never opened again. None keeps every round.
+        #: With `keep_settled`, only that many settled rounds are kept (besides those their runs still need, and
+        #: up to an eighth more between trims): older ones are dropped, and their numbers are never opened
+        #: again. None keeps every round.
         self.keep_settled = keep_settled
         self._settled: deque[int] = deque()
         self._retired_max = -1
         self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
-
-    @property
-    def name(self) -> str:
-        return f"aggregator-{self.index}"
 
     @property
     def retired_max(self) -> int:
@@ -123,10 +121,12 @@ class Aggregator:
                              "which this aggregator does not do; it opens no such round")
         if self.open_rounds() >= self.max_open_rounds:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
-        self.runbook.check_open(query, lambda n: n in self.rounds and self.rounds[n].released_over is not None)
-        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers)
+        params = query.params  # parsed once: the round keeps it for its run's checks at the close
+        self.runbook.check_open(query, params,
+                                lambda n: n in self.rounds and self.rounds[n].released_over is not None)
+        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers, params=params)
         self._open.add(rid.number)
-        self.runbook.opened(query)
+        self.runbook.opened(query, params)
         return self.rounds[rid.number].status()
 
     def abandon(self, number: int) -> None:
@@ -135,7 +135,7 @@ class Aggregator:
         if r is not None and r.state is RoundState.OPEN:
             r.abandon()
             self._open.discard(number)
-            self.runbook.abandoned(r.query, number)
+            self.runbook.abandoned(r.query, r.params, number)
             self._settle(number)
 
     def open_rounds(self) -> int:
@@ -158,21 +158,21 @@ class Aggregator:
         r = self.round(message.round_id)
         agreed = tuple(sorted(message.contributors))
         guarded = False
-        if self.runbook.of(r.query) is not None and r.released_over is None:
-            self.runbook.check_close(r.query, agreed)
+        if self.runbook.of(r.query, r.params) is not None and r.released_over is None:
+            self.runbook.check_close(r.query, r.params, agreed)
             if not r.per_site:
                 problem = self.disclosures.problem(r.site_records(agreed))
                 if problem is not None:
-                    raise PolicyError(f"run {r.query.params['run']!r}, round {r.query.params['step']}: {problem}")
+                    raise PolicyError(f"run {r.params['run']!r}, round {r.params['step']}: {problem}")
                 guarded = True
         elif r.released_over is None and r.query.name in QUERIES:
             # Its run was dropped from the bounded run book: without it neither the run's rules nor the
             # differencing guard could be checked, so nothing is released.
-            raise PolicyError(f"run {r.query.params.get('run')!r} is older than the runs aggregator {self.index} "
+            raise PolicyError(f"run {r.params.get('run')!r} is older than the runs aggregator {self.index} "
                               "keeps; its rounds release nothing")
         records = r.site_records(agreed)
         share = r.close(message.contributors)
-        self.runbook.closed(r.query, agreed)
+        self.runbook.closed(r.query, r.params, agreed)
         if guarded:
             self.disclosures.record(records)
         if r.round_id.number not in self._release_order:
@@ -207,7 +207,9 @@ class Aggregator:
         if self.keep_settled is None:
             return
         self._settled.append(number)
-        if len(self._settled) <= self.keep_settled:
+        # Trimmed in batches of a few dozen: one pass over the settled rounds per round would cost more than
+        # the rest of a small round's bookkeeping (the bound is `keep_settled` plus the batch).
+        if len(self._settled) <= self.keep_settled + max(1, self.keep_settled // 8):
             return
         needed = self.runbook.rounds_in_use() | set(self._release_order) | set(self.kept)
         excess = len(self._settled) - self.keep_settled

@@ -88,6 +88,8 @@ class FaultInjection:
 
     def _reachable(self, phase: str) -> list["Aggregator"]:
         """The aggregators that still answer at `phase` of a round (all, unless `take_down` was used)."""
+        if not self._down:
+            return self.aggregators
         rank = AGGREGATOR_PHASES.index(phase)
         return [a for a in self.aggregators if a.index not in self._down or AGGREGATOR_PHASES.index(self._down[a.index]) > rank]
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
@@ -35,7 +34,7 @@ from .messages import (
     check_name,
     decode,
 )
-from .queries import SiteData, canonical_params, query_digest
+from .queries import SiteData, canonical_params, json_digest, params_json
 from .queries.run import JOIN
 from .faults import FaultInjection, altered
 from .mpc.joint import check_joint_scheme
@@ -249,10 +248,9 @@ class LocalFederation(FaultInjection):
 
     def _query(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Query:
         fb = self.frac_bits if frac_bits is None else int(frac_bits)
-        canon = canonical_params(params)
+        text = params_json(canonical_params(params))
         number = next(self._round_numbers)
-        rid = RoundId(self.study_id, number, query_digest(self.study_id, name, canon, fb))
-        return Query(rid, name, json.dumps(canon, sort_keys=True, separators=(",", ":")), fb)
+        return Query(RoundId(self.study_id, number, json_digest(self.study_id, name, text, fb)), name, text, fb)
 
     def _run_round(self, query: Query, sites: Mapping[str, Site]) -> list:
         """Analyst opens the round; sites answer (or refuse); aggregators release; releases reach the sites."""

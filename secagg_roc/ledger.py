@@ -66,12 +66,39 @@ class NoisyRelease:
     charge: Charge | None  # None: the non-private validation mode (no DP, no budget)
 
 
-@dataclass(frozen=True)
 class LedgerEntry:
-    """What a site persists before a release leaves it: ``kind`` is "exact" or "noisy", ``body`` JSON."""
+    """What a site persists before a release leaves it: ``kind`` is "exact" or "noisy", ``body`` JSON.
 
-    kind: str
-    body: bytes
+    An entry the ledger made itself keeps its body as a dict too, and encodes it only when someone reads
+    `body` (the deployed site persisting it): an embedded site applies it without a JSON round trip."""
+
+    __slots__ = ("kind", "_body", "_record")
+
+    def __init__(self, kind: str, body: bytes | None = None, *, record: dict[str, Any] | None = None):
+        if body is None and record is None:
+            raise ValueError("a ledger entry needs its body")
+        self.kind = kind
+        self._body = body
+        self._record = record
+
+    @property
+    def body(self) -> bytes:
+        if self._body is None:
+            self._body = json.dumps(self._record, sort_keys=True).encode()
+        return self._body
+
+    def record(self) -> dict[str, Any]:
+        """The body as a fresh dict (decoded from JSON unless the ledger made this entry)."""
+        return json.loads(self._body) if self._record is None else dict(self._record)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LedgerEntry) and (self.kind, self.body) == (other.kind, other.body)
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.body))
+
+    def __repr__(self) -> str:
+        return f"LedgerEntry({self.kind!r}, {self.body!r})"
 
 
 class Ledger:
@@ -133,7 +160,7 @@ class Ledger:
         """The entry recording a contribution (persist it, then `apply` it, before sending the shares)."""
         body = {"quantity": quantity, "run": run, "step": int(step), "contributors": sorted(contributors),
                 "records": int(records), "data": data}
-        return LedgerEntry("exact", json.dumps(body, sort_keys=True).encode())
+        return LedgerEntry("exact", record=body)
 
     # -- per-site releases (DP or, in non-private mode, exact) ---------------------
 
@@ -168,13 +195,13 @@ class Ledger:
             "values": {name: np.asarray(v, dtype=np.float64).tolist() for name, v in values.items()},
             "charge": None if charge is None else charge.to_dict(),
         }
-        return LedgerEntry("noisy", json.dumps(body, sort_keys=True).encode())
+        return LedgerEntry("noisy", record=body)
 
     # -- state ----------------------------------------------------------------------
 
     def apply(self, entry: LedgerEntry) -> None:
         """Add a persisted entry (also used to replay a database after a restart)."""
-        body: dict[str, Any] = json.loads(entry.body)
+        body = entry.record()
         if entry.kind == "exact":
             release = ExactRelease(body["quantity"], body["run"], int(body["step"]), tuple(body["contributors"]),
                                    int(body["records"]), body["data"])

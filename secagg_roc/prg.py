@@ -18,7 +18,8 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 SEED_BYTES = 16
 _NONCE = bytes(16)
 _CHUNK = 1 << 15  # uint64 elements per AES call: 256 KiB, fits in L2
-_ZEROS = bytes(8 * _CHUNK)
+_ZEROS = memoryview(bytes(8 * _CHUNK))  # a view: slicing it copies nothing
+_EMPTY = np.empty(0, dtype=np.uint64)
 
 
 def new_seed() -> bytes:
@@ -33,8 +34,9 @@ class Keystream:
         if not isinstance(seed, (bytes, bytearray)) or len(seed) != SEED_BYTES:
             raise ValueError(f"a seed is {SEED_BYTES} bytes")
         self._cipher = Cipher(algorithms.AES(bytes(seed)), modes.CTR(_NONCE)).encryptor()
-        self._buf = np.empty(_CHUNK, dtype=np.uint64)
-        self._bytes = memoryview(self._buf).cast("B")
+        # The block buffer is sized by the first `apply`: a short vector needs no 256 KiB of it.
+        self._buf = _EMPTY
+        self._bytes = memoryview(_EMPTY).cast("B")
 
     def write(self, target: np.ndarray) -> None:
         """target = the next `target.size` stream elements (contiguous uint64), in place."""
@@ -46,6 +48,9 @@ class Keystream:
     def apply(self, target: np.ndarray, *, subtract: bool = False) -> None:
         """target += (or -=) the next `target.size` stream elements, mod 2^64, in place."""
         op = np.subtract if subtract else np.add
+        if self._buf.size < min(target.size, _CHUNK):
+            self._buf = np.empty(min(target.size, _CHUNK), dtype=np.uint64)
+            self._bytes = memoryview(self._buf).cast("B")
         for start in range(0, target.size, _CHUNK):
             part = target[start : start + _CHUNK]
             block = self._buf[: part.size]

@@ -153,8 +153,7 @@ class FixedPoint:
             if on_chunk is not None:
                 on_chunk(out.reshape(-1))
         else:
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, by name
-                self._encode_float(x, out, on_chunk)
+            self._encode_float(x, out, on_chunk)
         return out
 
     def decode(self, values: np.ndarray, encoding: Encoding | None = None) -> np.ndarray:
@@ -200,7 +199,8 @@ class FixedPoint:
             if hi <= magic_limit and lo >= -magic_limit:
                 np.subtract(shifted.view(np.int64), offset_bits, out=target)
             else:
-                np.multiply(chunk, scale, out=shifted)
+                with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, by name
+                    np.multiply(chunk, scale, out=shifted)
                 if not (shifted.max() <= limit and shifted.min() >= -limit):
                     self._raise_float(chunk)
                 np.rint(shifted, out=shifted)

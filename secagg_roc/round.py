@@ -25,7 +25,7 @@ from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundS
 from .queries import QUERIES
 from .ring import Encoding
 from .sharing import Payload, SharingScheme
-from .wire import layout_json, parse_layout
+from .wire import NAME_RE
 
 NOT_COUNTED = -1
 #: The largest record count a share may state: far beyond any study, and small enough that the counts of
@@ -65,9 +65,13 @@ class Round:
     """One round at one aggregator (run by that Aggregator)."""
 
     def __init__(
-        self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme, buffers: BufferPool | None = None
+        self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme, buffers: BufferPool | None = None,
+        *, params: dict | None = None,
     ):
         self.query = query
+        #: The query's parameters, parsed once (by the aggregator that opened the round, or here): this
+        #: aggregator's own copy, which only it reads.
+        self.params = query.params if params is None else params
         self.buffers = buffers
         self.round_id = query.round_id
         self.index = index
@@ -78,6 +82,8 @@ class Round:
         #: A per-site (DP) round: shares are forwarded unsummed, each site with its own layout.
         self.per_site = spec is not None and spec.release == "dp"
         self.outputs = None if spec is None else spec.outputs
+        #: The (name, integer) pairs every share's layout must have: the query's declared outputs.
+        self._declared = None if spec is None else sorted((n, k == "int") for n, k in spec.outputs.items())
         self.accepted: dict[str, InputShare] = {}
         self.released: AggregateShare | ForwardedShares | None = None
         #: The contributor set of the release; kept after `forget` drops the share itself.
@@ -141,9 +147,8 @@ class Round:
             raise RoundError(
                 f"share from {share.site!r} has frac_bits={share.encoding.frac_bits}, the query asked for {self.query.frac_bits}"
             )
-        if self.outputs is not None:
-            declared = sorted((n, k == "int") for n, k in self.outputs.items())
-            if sorted((n, i) for n, _, i in share.layout) != declared:
+        if self._declared is not None:
+            if sorted((n, i) for n, _, i in share.layout) != self._declared:
                 raise RoundError(f"share from {share.site!r}: its layout does not match the outputs {self.query.name!r} declares")
         # Whether the shares agree with each other is decided at the close (`_disagreeing`), never by
         # whichever share came first: one odd share must not make every honest one bounce.
@@ -241,12 +246,26 @@ def _check_fields(share: InputShare) -> None:
         raise MessageError("a share states its encoding")
     if not isinstance(share.records, int) or isinstance(share.records, bool):
         raise MessageError("a share's record count is a whole number")
-    layout = share.layout
-    try:
-        if parse_layout(layout_json(layout)) != layout:
-            raise MessageError("a share's layout must be (name, shape, integer) triples")
-    except (TypeError, ValueError) as exc:
-        raise MessageError(f"a share's layout must be (name, shape, integer) triples: {exc}") from None
+    if not _plain_layout(share.layout):
+        raise MessageError("a share's layout must be a tuple of (name, shape, integer) triples: a valid name, "
+                           "a tuple of non-negative ints, a bool")
+
+
+def _plain_layout(layout: object) -> bool:
+    """Whether `layout` has exactly the types `wire.parse_layout` gives (checked without encoding it: every
+    share of every round is checked, and a round's own layouts are small)."""
+    if type(layout) is not tuple:
+        return False
+    for entry in layout:
+        if type(entry) is not tuple or len(entry) != 3:
+            return False
+        name, shape, integer = entry
+        if type(name) is not str or not NAME_RE.match(name) or type(integer) is not bool or type(shape) is not tuple:
+            return False
+        for d in shape:
+            if type(d) is not int or d < 0:
+                return False
+    return True
 
 
 def _release_bytes(release: AggregateShare | ForwardedShares | None) -> int:

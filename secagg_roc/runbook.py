@@ -13,7 +13,7 @@ values come from its caller, not from a site's data.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
 from .errors import PolicyError, RoundError
 from .messages import Query
@@ -49,18 +49,19 @@ class RunBook:
         self.max_runs = max_runs
         self._evicted: dict[str, None] = {}  # insertion-ordered: the oldest evicted ids are forgotten first
 
-    def of(self, query: Query) -> RunRecord | None:
+    # Every method takes the round's parameters as the aggregator parsed them once, at the open (`Round.params`).
+
+    def of(self, query: Query, params: dict[str, Any]) -> RunRecord | None:
         """The run `query` belongs to (None for the primitive)."""
-        run_id = query.params.get("run") if query.name in QUERIES else None
+        run_id = params.get("run") if query.name in QUERIES else None
         return self.runs.get(run_id) if isinstance(run_id, str) else None
 
-    def check_open(self, query: Query, released: "callable") -> None:
+    def check_open(self, query: Query, params: dict[str, Any], released: "callable") -> None:
         """Refuse a round outside the order of its run; `released(number)` says whether a round was released."""
         if query.name not in QUERIES:
             if query.name != PRIMITIVE:
                 raise RoundError(f"unknown site query {query.name!r}")
             return
-        params = query.params
         run_id, step = params.get("run"), params.get("step")
         if not isinstance(run_id, str) or isinstance(step, bool) or not isinstance(step, int):
             raise PolicyError(f"query {query.name!r} is not a round of a run; sites answer only the rounds of a plan")
@@ -85,11 +86,11 @@ class RunBook:
                 f"run {run_id!r} is at step {run.step}: step {step} may open only after step {step - 1} was released"
             )
 
-    def opened(self, query: Query) -> None:
+    def opened(self, query: Query, params: dict[str, Any]) -> None:
         """Record a round `check_open` allowed."""
         if query.name not in QUERIES:
             return
-        params, number = query.params, query.round_id.number
+        number = query.round_id.number
         if params["step"] == 0:
             self.runs[params["run"]] = RunRecord(params["run"], str(params.get("analysis")), number)
             while self.max_runs is not None and len(self.runs) > self.max_runs:
@@ -106,12 +107,12 @@ class RunBook:
         """The round numbers the kept runs still refer to (their joins and latest steps)."""
         return {n for r in self.runs.values() for n in ((r.join_round, r.step_round) if r.step else (r.join_round,))}
 
-    def check_close(self, query: Query, agreed: tuple[str, ...]) -> None:
+    def check_close(self, query: Query, params: dict[str, Any], agreed: tuple[str, ...]) -> None:
         """Refuse a contributor set the run does not allow."""
-        run = self.of(query)
+        run = self.of(query, params)
         if run is None:
             return
-        if query.params["step"] == 0:
+        if params["step"] == 0:
             if not self.allow_dropouts and set(agreed) != self.sites:
                 missing = sorted(self.sites - set(agreed))
                 raise PolicyError(
@@ -122,23 +123,23 @@ class RunBook:
                 f"run {run.run!r}: every round releases over the run's contributor set {list(run.contributors)}, "
                 f"not {list(agreed)}"
             )
-        elif query.params.get("contributors") != list(run.contributors):
+        elif params.get("contributors") != list(run.contributors):
             # The round names the set, and every site checked it against the join release it combined: so
             # no two aggregators release one run over different sets (under a threshold scheme, quorums of
             # them could otherwise be differenced).
             raise PolicyError(
-                f"run {run.run!r}, round {query.params['step']} names the contributor set "
-                f"{query.params.get('contributors')!r}; this aggregator released the run's join over "
+                f"run {run.run!r}, round {params['step']} names the contributor set "
+                f"{params.get('contributors')!r}; this aggregator released the run's join over "
                 f"{list(run.contributors)}"
             )
 
-    def closed(self, query: Query, agreed: tuple[str, ...]) -> None:
+    def closed(self, query: Query, params: dict[str, Any], agreed: tuple[str, ...]) -> None:
         """Record a release: a join's fixes the run's contributor set."""
-        run = self.of(query)
-        if run is not None and query.params["step"] == 0 and run.contributors is None:
+        run = self.of(query, params)
+        if run is not None and params["step"] == 0 and run.contributors is None:
             run.contributors = agreed
 
-    def abandoned(self, query: Query, number: int) -> None:
-        run = self.of(query)
+    def abandoned(self, query: Query, params: dict[str, Any], number: int) -> None:
+        run = self.of(query, params)
         if run is not None:
             run.failed = f"its round {number} was abandoned"

@@ -96,6 +96,7 @@ class Site:
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
         #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
         self.sessions: dict[int, object] = {}
+        self._codecs: dict[int, FixedPoint] = {}
 
     @property
     def data_digest(self) -> str:
@@ -147,7 +148,8 @@ class Site:
                 )
             info, step = self.runs.expect(run, number)
             asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
-            problem = same_step(step, query.name, asked, query.frac_bits)
+            # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
+            problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)
             if problem is not None:
                 raise PolicyError(
                     f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
@@ -219,7 +221,7 @@ class Site:
         if replay:  # the ledger holds this round's entry already: it was persisted before the shares were sent
             entries: list[LedgerEntry] = []
         else:
-            quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits)
+            quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits, canonical=True)
             entries = [self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records,
                                                self.data_digest)]
         spec = lookup(step.query)
@@ -310,10 +312,12 @@ class Site:
         instead of refused, so that whether a round succeeds never depends on
         the data (the plan chose a precision that fits public bounds)."""
         layout, flat = flatten(values, kinds)
-        codec = FixedPoint(query.frac_bits, max_sites=self.n_sites)
+        codec = self._codecs.get(query.frac_bits)
+        if codec is None:  # one per precision: a codec derives its range limits when it is made
+            codec = self._codecs[query.frac_bits] = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         if saturate:
             limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
-            flat = np.clip(flat, -limit, limit)
+            flat = np.minimum(np.maximum(flat, -limit), limit)  # np.clip, without its Python-level wrappers
         encoding = codec.encoding_for(flat)
         try:
             out = None if self.buffers is None else self.buffers.take(flat.size)

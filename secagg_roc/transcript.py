@@ -46,16 +46,28 @@ class Transcript:
         self.party = party
         #: Whether message bodies are kept (a full transcript) or only sender, kind and round (light).
         self.messages = messages
-        self.entries: deque[Received] = deque(maxlen=int(keep))
+        # A light transcript logs plain tuples (sender, kind, round, None, nbytes), made into `Received` entries
+        # when read: a federation records every message of every round and reads a transcript rarely. A full
+        # one logs `Received` entries, which measure a kept message's size once.
+        self._log: deque[Received | tuple] = deque(maxlen=int(keep))
         #: Every message ever received, by kind (dropped entries included).
         self.counts: Counter[str] = Counter()
 
     def record(self, sender: str, message: Message, nbytes: int | None = None) -> None:
         """Add `message` from `sender`; `nbytes` is its encoded size when the caller already knows it."""
         rid = getattr(message, "round_id", None)
-        self.counts[message.kind] += 1
-        self.entries.append(Received(sender, message.kind, None if rid is None else rid.number,
-                                     message if self.messages else None, nbytes))
+        kind = message.kind
+        self.counts[kind] += 1
+        number = None if rid is None else rid.number
+        if self.messages:
+            self._log.append(Received(sender, kind, number, message, nbytes))
+        else:
+            self._log.append((sender, kind, number, None, nbytes))
+
+    @property
+    def entries(self) -> list[Received]:
+        """The kept entries, oldest first."""
+        return [e if type(e) is Received else Received(*e) for e in self._log]
 
     def kinds(self) -> set[str]:
         """Every kind of message this party ever received."""
@@ -73,7 +85,7 @@ class Transcript:
         return iter(self.entries)
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self._log)
 
     def __repr__(self) -> str:
         size = self.bytes_received()

@@ -33,7 +33,8 @@ def test_sum_demo_prints_every_party(capsys):
     assert "total        [20.5   4.5   1.75]" in out
     for party in ("analyst", "hospital-a", "aggregator-0", "aggregator-2"):
         assert f"  {party}:" in out
-    assert "a 16-byte PRG seed" in out
+    # Three values are split with whole masks from the operating system: every aggregator holds a vector.
+    assert "vector [" in out and "PRG seed" not in out
 
 
 def test_console_script_runs_the_embedded_demo(tmp_path):

@@ -141,6 +141,31 @@ REL_TOL, ABS_TOL = 1e-9, 1e-12
 
 def same_value(a: Any, b: Any) -> bool:
     """Canonical JSON values equal, floats within `REL_TOL`: the analyst's request against a site's plan."""
+    ta = type(a)
+    if ta is type(b):  # the common case, without the generic checks below
+        if ta is str or ta is int or ta is bool or a is None:
+            return a == b
+        if ta is float:
+            return a == b or math.isclose(a, b, rel_tol=REL_TOL, abs_tol=ABS_TOL)
+        if ta is dict:
+            if a.keys() != b.keys():
+                return False
+            for k, x in a.items():
+                y = b[k]
+                tx = type(x)
+                if tx is type(y) and (tx is str or tx is int or tx is bool or x is None):
+                    if x != y:  # the common plain values inline, without a call each
+                        return False
+                elif not same_value(x, y):
+                    return False
+            return True
+        if ta is list and len(a) == len(b) and a == b:
+            # Equal element by element: the same values unless a bool stands against a number (True == 1),
+            # a container hides one, or one NaN object sits in both (== takes it as equal). The same plain
+            # element types, all floats finite, settles it at C speed (plans put float vectors in parameters).
+            types = list(map(type, a))
+            if types == list(map(type, b)) and _finite_plain(a, set(types)):
+                return True
     if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or isinstance(b, str) or a is None or b is None:
         return a == b and type(a) is type(b)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -154,13 +179,31 @@ def same_value(a: Any, b: Any) -> bool:
     return False
 
 
-def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int) -> str | None:
-    """Why a requested round differs from the plan's step, or None when it is the step."""
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_NUMBERS = frozenset({int, float, bool})
+
+
+def _finite_plain(values: list, kinds: set) -> bool:
+    """Whether `values` (of element types `kinds`) are plain JSON scalars with no NaN or infinity."""
+    if not kinds <= _SCALARS:
+        return False
+    if float not in kinds:
+        return True
+    if kinds <= _NUMBERS:
+        return all(map(math.isfinite, values))
+    return all(math.isfinite(v) for v in values if type(v) is float)
+
+
+def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int, *,
+              canonical: bool = False) -> str | None:
+    """Why a requested round differs from the plan's step, or None when it is the step.
+
+    `canonical` says `params` are canonical already (parsed from a query whose digest was checked)."""
     if name != step.query:
         return f"it asks for query {name!r}, the plan's step is {step.query!r}"
     if int(frac_bits) != step.frac_bits and step.release != "dp":  # per-site releases are raw float64 bits
         return f"it asks for {frac_bits} fractional bits, the plan's step uses {step.frac_bits}"
-    got = canonical_params(params)
+    got = params if canonical else canonical_params(params)
     for key in sorted(set(got) | set(step.params)):
         if key not in got or key not in step.params or not same_value(got[key], step.params[key]):
             return f"its parameter {key!r} differs from the plan's"

@@ -52,32 +52,41 @@ def arrays_design(site: SiteData, spec: dict[str, Any]) -> Design:
     return y, X, weights(site, spec.get("weights"), y.size), int(y.size)
 
 
-def build_design(site: SiteData, params: dict[str, Any]) -> Design:
-    """The site's (y, X, w, records) for the design named in ``params["design"]``.
-
-    Fisher scoring asks for the same design every iteration; a design is a pure function of the site's
-    arrays, the design's parameters and the step's derived values, so the last few are kept (callers
-    never change a design's arrays)."""
+def _spec(site: SiteData, params: dict[str, Any]) -> tuple[dict[str, Any], Callable]:
     spec = params.get("design")
     if not isinstance(spec, dict):
         raise site.fail("query parameter 'design' must be an object naming a design 'kind'")
     builder = DESIGNS.get(spec.get("kind"))
     if builder is None:
         raise site.fail(f"unknown GLM design {spec.get('kind')!r}; known: {sorted(DESIGNS)}")
+    return spec, builder
+
+
+def build_design(site: SiteData, params: dict[str, Any]) -> Design:
+    """The site's (y, X, w, records) for the design named in ``params["design"]``.
+
+    Fisher scoring asks for the same design every iteration; a design is a pure function of the site's
+    arrays, the design's parameters and the step's derived values, so the last few are kept (callers
+    never change a design's arrays)."""
+    spec, builder = _spec(site, params)
+    return _built(site, spec, builder)[1]
+
+
+def _built(site: SiteData, spec: dict[str, Any], builder: Callable) -> tuple[dict, Design, dict]:
+    """The cache entry of a design: (the site's arrays, the design, its standardized matrices by centre/scale)."""
     key = (id(site.arrays), json.dumps(spec, sort_keys=True), _context_digest(site.public))
     hit = _DESIGNS_BUILT.get(key)
     if hit is not None and hit[0] is site.arrays:  # the very same arrays object (held below, so its id is not reused)
         _DESIGNS_BUILT.move_to_end(key)
-        return hit[1]
-    design = builder(site, spec)
-    _DESIGNS_BUILT[key] = (site.arrays, design)
+        return hit
+    entry = _DESIGNS_BUILT[key] = (site.arrays, builder(site, spec), {})
     while len(_DESIGNS_BUILT) > _DESIGNS_KEPT:
         _DESIGNS_BUILT.popitem(last=False)
-    return design
+    return entry
 
 
-#: Designs built lately: (arrays id, design parameters, derived values) -> (arrays, design).
-_DESIGNS_BUILT: "OrderedDict[tuple, tuple[dict, Design]]" = OrderedDict()
+#: Designs built lately: (arrays id, design parameters, derived values) -> (arrays, design, standardized).
+_DESIGNS_BUILT: "OrderedDict[tuple, tuple[dict, Design, dict]]" = OrderedDict()
 _DESIGNS_KEPT = 32
 
 
@@ -88,12 +97,30 @@ def _context_digest(public: dict[str, Any]) -> str:
         v = public[k]
         h.update(k.encode())
         if isinstance(v, np.ndarray):
-            a = np.ascontiguousarray(v)
-            h.update(a.dtype.str.encode() + repr(a.shape).encode())
-            h.update(memoryview(a).cast("B") if a.size else b"")
+            h.update(_array_digest(v))
         else:
             h.update(json.dumps(v, sort_keys=True, default=repr).encode())
     return h.hexdigest()
+
+
+def _array_digest(v: np.ndarray) -> bytes:
+    """SHA-256 of an array's dtype, shape and bytes; kept for read-only arrays (a plan's derived samples,
+    which every Fisher iteration reads again), which cannot change under the digest."""
+    if not v.flags.writeable:
+        hit = _ARRAY_DIGESTS.get(id(v))
+        if hit is not None and hit[0] is v:  # the very same array (held below, so its id is not reused)
+            return hit[1]
+    a = np.ascontiguousarray(v)
+    digest = hashlib.sha256(a.dtype.str.encode() + repr(a.shape).encode() + (a.tobytes() if a.size else b"")).digest()
+    if not v.flags.writeable:
+        _ARRAY_DIGESTS[id(v)] = (v, digest)
+        while len(_ARRAY_DIGESTS) > _DESIGNS_KEPT:
+            del _ARRAY_DIGESTS[next(iter(_ARRAY_DIGESTS))]
+    return digest
+
+
+#: Digests of read-only derived arrays: id -> (array, digest), the latest few.
+_ARRAY_DIGESTS: dict[int, tuple[np.ndarray, bytes]] = {}
 
 
 def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.ndarray:
@@ -136,10 +163,18 @@ def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
         family = check_family(family)
     except ValueError as exc:
         raise site.fail(str(exc)) from None
-    y, X, w, records = build_design(site, params)
-    Z = _standardize(site, X, params)
+    entry = _built(site, *_spec(site, params))
+    y, X, w, records = entry[1]
+    # Fisher scoring standardizes with the same public centre and scale every iteration: kept with the design.
+    scaling = json.dumps([params.get("center"), params.get("scale")])
+    Z = entry[2].get(scaling)
+    if Z is None:
+        Z = _standardize(site, X, params)
+        Z.flags.writeable = False  # shared by the iterations: nothing may change it
+        entry[2].clear()  # one scaling per design at a time: a fit keeps its centre and scale
+        entry[2][scaling] = Z
     beta = np.asarray(params.get("beta", []), dtype=float)
-    if beta.shape != (Z.shape[1],) or not np.all(np.isfinite(beta)):
+    if beta.shape != (Z.shape[1],) or not np.isfinite(beta).all():
         raise site.fail(f"beta must be {Z.shape[1]} finite numbers (intercept first), got {beta.shape[0]}")
     score, info, dev = fisher_parts(y, Z, w, beta, family)
     return QueryResult(

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping
 
@@ -128,6 +129,8 @@ def site_query(name: str, *, outputs: Mapping[str, Kind], release: Release = "se
     """
     if not outputs or any(k not in ("int", "float") for k in outputs.values()):
         raise ValueError(f"site query {name!r}: outputs must map names to 'int' or 'float'")
+    if not all(isinstance(n, str) and _NAME.match(n) for n in outputs):
+        raise ValueError(f"site query {name!r}: output names must be valid names (1-64 of A-Z a-z 0-9 _ . -)")
 
     def register(func: QueryFunc) -> QueryFunc:
         if name in QUERIES:
@@ -149,9 +152,21 @@ def lookup(name: str) -> SiteQuery:
 
 
 def _jsonable(value: Any) -> Any:
-    # The common shapes first, and whole lists of plain numbers at once: plans put long float vectors
-    # (coefficients, reference digests' inputs) in parameters, and every party canonicalises every round.
+    # The common shapes first, plain values of a dict without a call each, and whole lists of plain numbers
+    # at once: plans put long float vectors (coefficients, thresholds) in parameters, and every party
+    # canonicalises every round.
     kind = type(value)
+    if kind is dict:
+        out = {}
+        for k, v in value.items():
+            t = type(v)
+            if t is float:
+                if not math.isfinite(v):
+                    raise SiteQueryError(f"query parameters must be finite, got {v}")
+            elif not (t is str or t is int or t is bool or v is None):
+                v = _jsonable(v)
+            out[k if type(k) is str else str(k)] = v
+        return out
     if kind is str or kind is int or kind is bool or value is None:
         return value
     if kind is float:
@@ -161,17 +176,21 @@ def _jsonable(value: Any) -> Any:
     if kind is list or kind is tuple:
         kinds = set(map(type, value))
         if kinds <= _PLAIN:
-            bad = [v for v in value if type(v) is float and not math.isfinite(v)] if float in kinds else []
-            if bad:
-                raise SiteQueryError(f"query parameters must be finite, got {bad[0]}")
+            if float in kinds:
+                _check_finite(value, kinds)
             return list(value)
         return [_jsonable(v) for v in value]
-    if kind is dict:
-        return {str(k): _jsonable(v) for k, v in value.items()}
     if isinstance(value, np.ndarray):
         if value.dtype.kind in "iubf" and value.ndim == 1:
-            if value.dtype.kind == "f" and not np.all(np.isfinite(value)):
-                raise SiteQueryError("query parameters must be finite")
+            if value.dtype.kind == "f":
+                if value.size > 64:
+                    if not np.all(np.isfinite(value)):
+                        raise SiteQueryError("query parameters must be finite")
+                    return value.tolist()
+                items = value.tolist()  # short: checked as Python floats, cheaper than two numpy calls
+                if not all(map(math.isfinite, items)):
+                    raise SiteQueryError("query parameters must be finite")
+                return items
             return value.tolist()
         return [_jsonable(v) for v in value.tolist()]
     if isinstance(value, (np.integer,)):
@@ -190,8 +209,19 @@ def _jsonable(value: Any) -> Any:
     raise SiteQueryError(f"query parameters must be JSON-like, got {type(value).__name__}")
 
 
+def _check_finite(values: Any, kinds: set) -> None:
+    if kinds <= _NUMBERS:
+        if all(map(math.isfinite, values)):
+            return
+    elif all(math.isfinite(v) for v in values if type(v) is float):
+        return
+    bad = [v for v in values if type(v) is float and not math.isfinite(v)]
+    raise SiteQueryError(f"query parameters must be finite, got {bad[0]}")
+
+
 #: Element types a list of parameters may hold to be taken as it is (bool before int: JSON keeps them apart).
 _PLAIN = frozenset({int, float, str, bool, type(None)})
+_NUMBERS = frozenset({int, float, bool})
 
 
 def canonical_params(params: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -208,12 +238,39 @@ def query_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_b
     Every share of a round carries this digest, so a share computed for one
     query (or at another precision) can never be summed into the round of another.
     """
+    return _digest(study, name, canonical_params(params), frac_bits)
+
+
+def _digest(study: str, name: str, canon: dict[str, Any], frac_bits: int) -> bytes:
+    """`query_digest` of parameters already in canonical form."""
     blob = json.dumps(
-        {"study": study, "query": name, "params": canonical_params(params), "frac_bits": int(frac_bits)},
+        {"study": study, "query": name, "params": canon, "frac_bits": int(frac_bits)},
         sort_keys=True,
         separators=(",", ":"),
     ).encode()
     return hashlib.sha256(blob).digest()
+
+
+def params_json(canon: dict[str, Any]) -> str:
+    """The canonical JSON text of canonical parameters (what a `Query` message carries)."""
+    return json.dumps(canon, sort_keys=True, separators=(",", ":"))
+
+
+def json_digest(study: str, name: str, text: str, frac_bits: int) -> bytes:
+    """`query_digest` from `params_json(canonical_params(params))` without encoding the parameters again.
+
+    The digested blob is ``{"frac_bits":..,"params":<text>,"query":..,"study":..}`` with sorted keys and
+    no spaces, which is exactly what `query_digest` encodes when `text` is that canonical JSON."""
+    blob = f'{{"frac_bits":{int(frac_bits)},"params":{text},"query":{_quoted(name)},"study":{_quoted(study)}}}'
+    return hashlib.sha256(blob.encode()).digest()
+
+
+def _quoted(name: str) -> str:
+    """`json.dumps(name)`; a valid name (letters, digits, ``_.-``) needs no escaping."""
+    return f'"{name}"' if type(name) is str and _NAME.match(name) else json.dumps(name)
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -226,17 +283,27 @@ def message_digest(study: str, name: str, params_json: str, frac_bits: int) -> b
     from ..messages import Query, RoundId
 
     params = Query(RoundId(study, 0, bytes(32)), name, params_json, frac_bits).params
+    try:
+        # Parsed JSON holds only plain values: its canonical form is itself unless a float is not finite,
+        # which the encoder refuses. Canonical text (what every honest party sends) is digested as it is.
+        if json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False) == params_json:
+            return json_digest(study, name, params_json, frac_bits)
+    except (ValueError, RecursionError):
+        pass  # refused below, with the reason
     return query_digest(study, name, params, frac_bits)
 
 
-def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32) -> str:
+def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32, *,
+                    canonical: bool = False) -> str:
     """What a release *is*, independent of the run it belongs to: the query digest without run and step.
 
     Two exact releases with the same quantity digest over different contributor
     sets could be differenced; sites' ledgers and aggregators compare them.
+    `canonical` says `params` are canonical already (a plan `Step`'s own), so they are not converted again.
     """
-    plain = {k: v for k, v in canonical_params(params).items() if k not in ("run", "step", "contributors")}
-    return query_digest(study, name, plain, frac_bits).hex()
+    canon = params if canonical else canonical_params(params)
+    plain = {k: v for k, v in canon.items() if k not in ("run", "step", "contributors")}
+    return _digest(study, name, plain, frac_bits).hex()
 
 
 def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None) -> tuple[SiteQuery, QueryResult]:

@@ -35,6 +35,7 @@ from scipy.special import ndtri
 from ..dp.gaussian import gaussian_noise
 from ..stats.survival import (
     check_thresholds,
+    default_thresholds,
     exact_exceedance_counts,
     placement_numerators,
     split_squares,
@@ -92,6 +93,8 @@ def _ties(site: SiteData, params: dict[str, Any]) -> str:
 def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
     """The ROC-GLM rows of this site: for each threshold t, (1, probit(t), #{PV <= t}) and (0, probit(t), rest).
 
+    The thresholds are ``spec["thresholds"]``, or without them the paper's grid of ``spec["grid"]`` points.
+
     PV is the placement value S~0(score) of each positive under the negatives'
     pooled survivor function: strict (the paper's, R's ``1 - ecdf``) or with
     ties counted 1/2 (``ties: "half"``). Whether PV <= t is decided in integers
@@ -101,8 +104,13 @@ def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
     y, s = labels_scores(site, spec)
     neg_ref = reference(site, NEGATIVES_KEY)
     try:
-        t = check_thresholds(spec.get("thresholds", []))
         grid = spec.get("grid")
+        if "thresholds" in spec:
+            t = check_thresholds(spec["thresholds"])
+        elif isinstance(grid, int) and not isinstance(grid, bool):
+            t = default_thresholds(grid)  # the paper's grid, named by its size (cheaper to send and check)
+        else:
+            raise ValueError("a rocglm design names its thresholds or the size of its grid")
         fractions = threshold_fractions(t, None if grid is None else int(grid))
         if len(fractions) != t.size:
             raise ValueError(f"a grid of {grid} points has {len(fractions)} inner thresholds, not {t.size}")

@@ -5,11 +5,13 @@ receives seed j, which stands for the pseudorandom vector PRG(seed_j); the
 holder receives the correction x - sum_j PRG(seed_j). Any N-1 of the N shares
 are jointly uniform and independent of x, so N-1 colluding aggregators learn
 nothing; all N sum to x. A site therefore sends about one vector plus N-1
-seeds instead of N vectors.
+seeds instead of N vectors. A short vector (a Fisher round's few totals) takes
+its N-1 masks whole from the operating system instead of from seeds.
 """
 
 from __future__ import annotations
 
+import secrets
 from typing import Any, Mapping
 
 import numpy as np
@@ -18,6 +20,11 @@ from .. import prg
 from ..ring import FixedPoint
 from .base import Payload, SharingScheme
 from .threat import ThreatModel
+
+
+#: Vectors of at most this many elements are split with masks drawn whole from the operating system (a site
+#: uploads N short vectors instead of one vector and N-1 seeds): cheaper than setting up a keystream for each.
+WHOLE_MASKS = 64
 
 
 class AdditiveSharing(SharingScheme):
@@ -36,7 +43,8 @@ class AdditiveSharing(SharingScheme):
                        "aggregator withholds its aggregate share": "blocked",
                        "site sends a malformed share": "blocked"},
             upload_vectors_per_site=1.0, coalition=f"{n - 1} of {n} aggregators",
-            notes=(f"a site uploads one ring vector and {n - 1} 16-byte seeds",),
+            notes=(f"a site uploads one ring vector and {n - 1} 16-byte seeds (a vector of at most {WHOLE_MASKS} "
+                   f"elements: {n} vectors, the masks drawn whole from the operating system)",),
         )
 
     @classmethod
@@ -86,6 +94,8 @@ class AdditiveSharing(SharingScheme):
         shares). Never pass seeds that were used for other data."""
         if not 0 <= holder < self.n_aggregators:
             raise ValueError(f"holder must be in 0..{self.n_aggregators - 1}")
+        if seeds is None and np.size(x) <= WHOLE_MASKS:
+            return self._share_small(x, codec, holder, out)
         if seeds is None:
             seeds = {j: prg.new_seed() for j in range(self.n_aggregators) if j != holder}
         else:
@@ -102,6 +112,22 @@ class AdditiveSharing(SharingScheme):
         correction = codec.encode(x, out=out, on_chunk=mask)
         correction = correction if correction.ndim == 1 else correction.reshape(-1)
         return [Payload(vector=correction) if j == holder else Payload(seed=seeds[j]) for j in range(self.n_aggregators)]
+
+    def _share_small(self, x: np.ndarray, codec: FixedPoint, holder: int, out: np.ndarray | None) -> list[Payload]:
+        """Run by a Site: a short vector's masks drawn whole from the operating system instead of from seeds.
+
+        The shares are distributed exactly as seeded ones (N-1 uniform vectors, the holder's the correction),
+        with true randomness instead of a keystream, and nobody sets up a cipher for a few elements (a
+        Fisher round's totals are 7 numbers). A split that must be re-created later passes `seeds`."""
+        correction = codec.encode(x, out=out)
+        correction = correction if correction.ndim == 1 else correction.reshape(-1)
+        n = correction.size
+        masks = {}
+        for j in range(self.n_aggregators):
+            if j != holder:
+                masks[j] = np.frombuffer(secrets.token_bytes(8 * n), dtype=np.uint64)
+                np.subtract(correction, masks[j], out=correction)
+        return [Payload(vector=correction) if j == holder else Payload(vector=masks[j]) for j in range(self.n_aggregators)]
 
     def materialize(self, out: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: the keystream is written straight into `out`."""

@@ -107,17 +107,20 @@ def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, pol
     aliased = np.zeros(n_coef, dtype=bool)
     for it in range(max_iter + 1):
         score, info, dev = yield beta
-        if not (np.all(np.isfinite(score)) and np.all(np.isfinite(info)) and math.isfinite(dev)):
+        if not (np.isfinite(score).all() and np.isfinite(info).all() and math.isfinite(dev)):
             raise FitError(f"non-finite score, information or deviance at iteration {it}")
         if it == 0:
             aliased = aliased_columns(info)
         keep = ~aliased
         try:
-            step = np.zeros(n_coef)
-            step[keep] = np.linalg.solve(info[np.ix_(keep, keep)], score[keep])
+            if keep.all():  # the usual case: the same solve, without copying the system first
+                step = np.linalg.solve(info, score)
+            else:
+                step = np.zeros(n_coef)
+                step[keep] = np.linalg.solve(info[np.ix_(keep, keep)], score[keep])
         except np.linalg.LinAlgError:
             step = None
-        usable = step is not None and bool(np.all(np.isfinite(step)))
+        usable = step is not None and bool(np.isfinite(step).all())
         if met_at is None and dev_old is not None and abs(dev - dev_old) / (abs(dev) + 0.1) < tol:
             met_at = it
         if met_at is not None:

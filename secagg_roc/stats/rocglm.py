@@ -209,14 +209,20 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
             f"but the secure counts are {n0} and {n1}"
         )
     # The pooled release reaches every site's queries as derived values; its digest binds them to the round.
+    # Read-only: every later step reads the same samples (and a site's queries keep their digest).
+    negatives.flags.writeable = positives.flags.writeable = False
     context = {NEGATIVES_KEY: negatives, POSITIVES_KEY: positives}
     reference = {**base, "reference": _digest(negatives, positives)}
-    design = {**reference, "kind": "rocglm", "thresholds": t, "grid": args["thresholds"], "ties": args["ties"]}
+    # The grid's size stands for its thresholds (every party derives t from it): a round's parameters are
+    # encoded, digested and compared by every party, and 28 floats would be most of that work.
+    design = {**reference, "kind": "rocglm", "grid": args["thresholds"], "ties": args["ties"]}
     glm = yield from fit_design_rounds(
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
         total_weight=float(n1 * t.size),
     )
     sums = yield Step("rocglm.placement_sums", reference, context=context)
+    if ctx.party != "analyst":
+        return None  # a site's copy of the plan ends with its last step: the result is the analyst's
     n_ref = {"negative": n1, "positive": n0}  # a negative's placement is over the positives, and vice versa
     moments = {
         side: exact_moments(*(int(np.asarray(sums[f"{side}{part}"]).reshape(-1)[0]) for part in ("", "_sq_hi", "_sq_lo")),

@@ -16,6 +16,7 @@ Conventions
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 from typing import Literal
 
@@ -69,10 +70,16 @@ def placement_numerators(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> tu
     raise ValueError(f"ties must be 'strict' or 'half', got {ties!r}")
 
 
+@functools.lru_cache(maxsize=16)
+def _grid_fractions(grid: int) -> tuple[Fraction, ...]:
+    """j/(grid-1) for the inner points of the paper's grid (made once per grid size: every design needs them)."""
+    return tuple(Fraction(j, grid - 1) for j in range(1, grid - 1))
+
+
 def threshold_fractions(thresholds: np.ndarray, grid: int | None = None) -> list[Fraction]:
     """The thresholds as exact fractions: j/(grid-1) for the paper's grid of `grid` points, else each float's exact value."""
     if grid is not None:
-        return [Fraction(j, int(grid) - 1) for j in range(1, int(grid) - 1)]
+        return list(_grid_fractions(int(grid)))
     return [Fraction(float(t)) for t in np.asarray(thresholds, dtype=float).ravel()]
 
 
