@@ -31,7 +31,7 @@ VERSION = 2
 DIGEST_BYTES = 32
 MAX_NDIM = 8
 MAX_STR = 1 << 20
-NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")  # \Z, not $: "$" would let a trailing newline through
 
 _DTYPES = {1: np.dtype("<u8"), 2: np.dtype("<f8"), 3: np.dtype("<i8")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}

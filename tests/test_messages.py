@@ -166,3 +166,14 @@ def test_share_vector_must_match_layout():
 def test_wrong_array_dtype_cannot_be_encoded():
     with pytest.raises(MessageError, match="uint64, int64 or float64"):
         AggregateShare(RID, 0, ("a",), 1, INTEGER, (("v", (2,), True),), np.zeros(2, np.float32)).encode()
+
+
+@pytest.mark.parametrize("name", ["abc\n", "abc\r", "\nabc", "", "a" * 65, "a b", "ab\x00"])
+def test_names_with_control_characters_or_out_of_range_are_refused(name):
+    from secagg_roc.wire import check_name
+
+    with pytest.raises(MessageError, match="not a valid name"):
+        check_name(name, "site")
+    with pytest.raises(MessageError):  # and on the wire: a share naming such a site never decodes
+        decode(InputShare(RoundId("st", 0, b"\0" * 32), name, 0, INTEGER, 1, (("v", (1,), True),),
+                          vector=np.zeros(1, np.uint64)).encode())
