@@ -8,6 +8,7 @@ Blocked attacks are plain tests asserting what the attacker gets; the weaknesses
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import sqlite3
@@ -29,7 +30,9 @@ from secagg_roc.pairwise import keys as kx
 from secagg_roc.pairwise import secret_sharing as shamir
 from secagg_roc.pairwise.messages import AdvertiseKeys, EncryptedShare, NeighbourKeys, UnmaskResponse
 from secagg_roc.pairwise.messages import decode as decode_pairwise
+from secagg_roc.pairwise.durable import restore, snapshot
 from secagg_roc.pairwise.rounds import plan_round
+from secagg_roc.sharing.pairwise import PairwiseSharing
 from secagg_roc import prg
 from secagg_roc.ring import FixedPoint
 
@@ -294,3 +297,126 @@ def test_a_low_order_public_key_is_refused_by_the_relay(quiet) -> None:
         with pytest.raises(MessageError, match="low order"):
             clients["site-a"].share_keys(nk)
     assert 400 <= status < 500 and b"low order" in text
+
+
+# -- a malicious (modified) server, against the sites' own client logic ----------------------------------
+#
+# The site agent answers the unmask request with `PairwiseClient.unmask` on the client restored from its
+# SECRET log (`SitePairwise.answer_unmask`), and takes its neighbours' keys as the server relays them. Here
+# the server is played in-process, the sites' clients are the engine's, and a "restart" is the round trip
+# through the logged snapshot (`pairwise.durable`), exactly what a site agent replays after kill -9.
+
+TAG = b"loopback/7/rt"
+
+
+def _x_of_d(y_d: np.ndarray, b_d: bytes, s_d: bytes, public: dict[int, bytes], d: int) -> np.ndarray:
+    """What a server holding y_d, b_d and s_d's key computes: site d's input, every mask taken off."""
+    acc = np.array(y_d, dtype=np.uint64, copy=True)
+    prg.add_stream(kx.self_mask_seed(b_d, TAG, d), acc, subtract=True)
+    sk = kx.private_from_bytes(s_d)
+    for v, pk in public.items():
+        prg.add_stream(kx.pair_mask_seed(kx.agree(sk, pk), TAG, d, v), acc, subtract=v > d)
+    return acc
+
+
+def _honest_round(t: int, xs: list[int]):
+    """Four sites through the key agreement (honest server); their clients and masked inputs."""
+    ids = [0, 1, 2, 3]
+    clients = {i: PairwiseClient(i, TAG, t, set(ids) - {i}) for i in ids}
+    adv = {i: c.advertise_keys() for i, c in clients.items()}
+    out = {i: c.share_keys(NeighbourKeys(TAG, i, tuple(adv[v] for v in ids if v != i))) for i, c in clients.items()}
+    for i, c in clients.items():
+        c.receive_shares([e for batch in out.values() for e in batch if e.receiver == i])
+    ys = {i: c.mask(np.array([xs[i]], dtype=np.uint64)).y for i, c in clients.items()}
+    return clients, adv, ys
+
+
+def _restarted(client: PairwiseClient) -> PairwiseClient:
+    return restore(snapshot(client), masked=True)
+
+
+def _split_view(t: int):
+    """The server names site 3 surviving to sites {0, 3} and dropped to sites {1, 2} (then asks every site
+    the other request too, after a restart): the shares of b_3 and of s_3's key it gathers."""
+    xs = [10, 20, 30, 1234567]
+    clients, adv, ys = _honest_round(t, xs)
+    r1 = UnmaskRequest(TAG, frozenset({0, 1, 2, 3}), frozenset())
+    r2 = UnmaskRequest(TAG, frozenset({0, 1, 2}), frozenset({3}))
+    b_shares, s_shares, refused = {}, {}, 0
+    for first, second, sites in ((r1, r2, (0, 3)), (r2, r1, (1, 2))):
+        for i in sites:
+            answer = clients[i].unmask(first)
+            b_shares.update({i: dict(answer.self_mask_shares)[3]} if 3 in dict(answer.self_mask_shares) else {})
+            s_shares.update({i: dict(answer.key_shares)[3]} if 3 in dict(answer.key_shares) else {})
+            with pytest.raises(RoundError, match="second, different unmask request"):
+                _restarted(clients[i]).unmask(second)  # kill -9 and ask again: the log keeps the one answer
+            refused += 1
+    return xs, adv, ys, b_shares, s_shares, refused
+
+
+def test_a_server_sending_two_survivor_sets_gathers_too_few_shares_at_the_default_threshold() -> None:
+    """Default threshold (a majority: 3 of 4): each site answers one request, across restarts, so the two
+    views gather 2 shares of b_3 and 2 of s_3's key, below 3: site 3's input stays masked."""
+    t = PairwiseSharing().threshold_for(4)
+    assert t == 3
+    xs, adv, ys, b_shares, s_shares, refused = _split_view(t)
+    assert refused == 4 and len(b_shares) == 2 and len(s_shares) == 2
+    with pytest.raises(RoundError, match="cannot rebuild"):
+        shamir.reconstruct({h: shamir.from_bytes(s) for h, s in b_shares.items()}, t)
+    # A site never answers a request naming a site both ways either.
+    clients, _, _ = _honest_round(t, xs)
+    with pytest.raises(RoundError, match="both surviving and dropped"):
+        clients[0].unmask(UnmaskRequest(TAG, frozenset({0, 1, 2, 3}), frozenset({3})))
+
+
+def test_an_explicit_threshold_of_half_the_sites_lets_a_lying_server_unmask_one_input() -> None:
+    """Documented ("server claims a surviving site dropped": undetected with an explicit threshold): at
+    t = 2 of 4, which a study file accepts, the two views each reach t and site 3's input is recovered."""
+    xs, adv, ys, b_shares, s_shares, _ = _split_view(2)
+    b_3 = shamir.reconstruct({h: shamir.from_bytes(s) for h, s in b_shares.items()}, 2)
+    s_3 = shamir.reconstruct({h: shamir.from_bytes(s) for h, s in s_shares.items()}, 2)
+    public = {v: adv[v].s_public for v in (0, 1, 2)}
+    assert _x_of_d(ys[3], b_3, s_3, public, 3).tolist() == [xs[3]]
+
+
+def _substituting_server(t: int = 3):
+    """A server that swaps the share-encryption keys between site 3 and its neighbours (man in the middle),
+    re-encrypting every share so that the round completes as usual; what it read of site 3's shares."""
+    ids, d = [0, 1, 2, 3], 3
+    xs = [10, 20, 30, 1234567]
+    clients = {i: PairwiseClient(i, TAG, t, set(ids) - {i}) for i in ids}
+    adv = {i: c.advertise_keys() for i, c in clients.items()}
+    fake = {(i, v): kx.new_key_pair() for i in ids for v in ids if i != v and d in (i, v)}
+
+    def seen_by(i: int, v: int) -> AdvertiseKeys:  # site v's keys as the server relays them to site i
+        return dataclasses.replace(adv[v], c_public=fake[i, v][1]) if (i, v) in fake else adv[v]
+
+    out = {i: c.share_keys(NeighbourKeys(TAG, i, tuple(seen_by(i, v) for v in ids if v != i)))
+           for i, c in clients.items()}
+    read: dict[int, bytes] = {}
+    inbox: dict[int, list] = {i: [] for i in ids}
+    for e in (e for batch in out.values() for e in batch):
+        if (e.sender, e.receiver) in fake:
+            u, v = e.sender, e.receiver
+            key = kx.channel_key(kx.agree(fake[u, v][0], adv[u].c_public), TAG, u, v)
+            plain = kx.open_sealed(key, TAG, u, v, e.nonce, e.ciphertext)
+            if u == d:
+                read[v] = plain
+            key = kx.channel_key(kx.agree(fake[v, u][0], adv[v].c_public), TAG, u, v)
+            e = dataclasses.replace(e, **dict(zip(("nonce", "ciphertext"), kx.seal(key, TAG, u, v, plain))))
+        inbox[e.receiver].append(e)
+    for i, c in clients.items():
+        c.receive_shares(inbox[i])  # every site decrypts fine: nothing looks wrong
+    ys = {i: c.mask(np.array([xs[i]], dtype=np.uint64)).y for i, c in clients.items()}
+    b_3 = shamir.reconstruct({v: shamir.from_bytes(p[:shamir.SHARE_BYTES]) for v, p in read.items()}, t)
+    s_3 = shamir.reconstruct({v: shamir.from_bytes(p[shamir.SHARE_BYTES:]) for v, p in read.items()}, t)
+    return _x_of_d(ys[d], b_3, s_3, {v: adv[v].s_public for v in (0, 1, 2)}, d), xs[d]
+
+
+@pytest.mark.xfail(strict=True, reason="VULN (stated outside the model in the spec, but a deployment has the "
+                   "PKI to close it): the one server can substitute the sites' share-encryption keys in "
+                   "NeighbourKeys, read every share of b_u and s_u and unmask any one site's input, undetected; "
+                   "AdvertiseKeys is not signed with the site's TLS identity (site_pairwise.session)")
+def test_a_server_substituting_public_keys_is_detected_by_the_sites() -> None:
+    recovered, truth = _substituting_server()
+    assert recovered.tolist() != [truth], "the server read site 3's input"
