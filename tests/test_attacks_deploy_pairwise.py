@@ -160,7 +160,11 @@ def test_every_phase_refuses_a_site_speaking_for_another_malformed_or_twice_and_
     for party in ("analyst", "agg-1"):  # neither may post nor poll
         status, _ = _raw(quiet, party, "POST", f"/v1/pairwise?round={number}&kind=keys", pack([keys["site-a"]]))
         assert status == 403
-    for s in SITES:
+    _post(quiet, "site-a", number, "keys", pack([keys["site-a"]]))
+    copied = AdvertiseKeys(keys["site-b"].round_tag, b.site, keys["site-a"].c_public, keys["site-b"].s_public)
+    with pytest.raises(MessageError, match="repeat another key"):  # site-b reusing site-a's public key
+        _post(quiet, "site-b", number, "keys", pack([copied]))
+    for s in SITES[1:]:
         _post(quiet, s, number, "keys", pack([keys[s]]))
     _post(quiet, "site-a", number, "keys", pack([keys["site-a"]]))  # a restarted site: idempotent
 
@@ -506,3 +510,67 @@ def test_site_secrets_are_logged_before_anything_derived_leaves_and_stay_in_the_
     for path in own:
         if path.exists():
             assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+def test_a_site_restarted_before_the_close_sends_the_same_masked_input_and_never_new_keys(agents) -> None:
+    """kill -9 of site-a after its masked input was accepted and before the close, restarted at once: it
+    re-creates its masked input from the logged client (the same masks; a different vector would be refused
+    or break the exact total) and answers the unmask request; one key pair and one sharing per round."""
+    with agents.study() as study:
+        before = float(sr.brier_score(study, "y", "score"))
+    with agents.study() as study:
+        inner, killed = study._contributors, []
+
+        def contributors(query, statuses):
+            if query.name != "run.join" and not killed:
+                killed.append(query.round_id.number)
+                agents.kill("site-a")
+                agents.start_party("site-a")
+            return inner(query, statuses)
+
+        study._contributors = contributors
+        after = float(sr.brier_score(study, "y", "score"))
+    assert killed and after == before  # exact: the restarted site's masked input and answer fit the others'
+    phases: dict[int, list[str]] = {}
+    for kind, number, _, body in _log(agents, "site-a"):
+        if kind == "pairwise":
+            phases.setdefault(number, []).append(json.loads(json.loads(body)["client"])["phase"])
+    assert phases[killed[0]] == ["advertised", "shared", "received", "answered"]
+    assert all(p.count("advertised") == 1 and p.count("shared") <= 1 for p in phases.values())
+    inputs = [n for k, n, p, _ in _log(agents, "agg-1") if k == "share" and p == "site-a" and n == killed[0]]
+    assert len(inputs) <= 1  # the re-sent masked input was the same one (idempotent), never a second
+
+
+@pytest.fixture(scope="module")
+def brisk(tmp_path_factory: pytest.TempPathFactory):
+    """No site agents and a 4 s round timeout: the key phases close at 1 s and 2 s after the round opened."""
+    cl = LocalCluster(tmp_path_factory.mktemp("rt-brisk"), make_data(3), n_aggregators=1, scheme="pairwise",
+                      round_timeout_s=4.0, policy={"min_cell_count": 1})
+    with cl.start(sites=[]):
+        yield cl
+
+
+def test_sites_that_never_finish_a_phase_get_a_clear_error_and_the_relay_keeps_serving(brisk) -> None:
+    """site-d never advertises, site-c never shares: the phases close at their deadlines, the round then has
+    too few sites (2 of threshold 3) and every poll gets one clear 4xx naming the phase; the relay serves
+    the next round normally."""
+    number, query, clients = _open_join(brisk, "rt-stall")
+    for s in SITES[:3]:
+        _post(brisk, s, number, "keys", pack([clients[s].advertise_keys()]))
+    nk = {s: _poll(brisk, s, number, "keys", wait=5)[0] for s in SITES[:2]}  # closes at 1 s without site-d
+    assert [k.site for k in nk["site-a"].keys] == [1, 2]
+    for s in SITES[:2]:
+        _post(brisk, s, number, "shares", pack(clients[s].share_keys(nk[s])))
+    status, text = _raw(brisk, "site-a", "GET", f"/v1/pairwise?round={number}&phase=shares&wait=5")
+    assert status == 409 and b"ShareKeys" in text and b"threshold 3" in text, (status, text)
+    status, text = _raw(brisk, "site-b", "GET", f"/v1/pairwise?round={number}&phase=shares&wait=0")
+    assert status == 409  # the same answer again, not a 500
+    with pytest.raises(RoundError, match="ShareKeys|key agreement|phase"):  # no masked input can come in
+        call_as(brisk, "site-a", 0, lambda c: c.send(InputShare(
+            query.round_id, "site-a", 0, CODEC.encoding_for(np.array([1])), 12, (("sites", (1,), True),),
+            vector=np.array([1], dtype=np.uint64))))
+    # The next round goes through.
+    number2, query2, clients2 = _open_join(brisk, "rt-after-stall")
+    for s in SITES:
+        _post(brisk, s, number2, "keys", pack([clients2[s].advertise_keys()]))
+    assert _until(lambda: _poll(brisk, "site-a", number2, "keys"))
