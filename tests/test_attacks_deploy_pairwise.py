@@ -30,11 +30,13 @@ from secagg_roc.pairwise.messages import AdvertiseKeys, EncryptedShare, Neighbou
 from secagg_roc.pairwise.messages import decode as decode_pairwise
 from secagg_roc.pairwise.durable import restore, snapshot
 from secagg_roc.pairwise.rounds import plan_round
+from secagg_roc.plans.runner import join_params
+from secagg_roc.queries.run import JOIN
 from secagg_roc.sharing.pairwise import PairwiseSharing
 from secagg_roc import prg
 from secagg_roc.ring import FixedPoint
 
-from deploy_client import call_as, join_query
+from deploy_client import call_as, join_query, make_query
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
 
@@ -444,7 +446,7 @@ def test_a_corrupted_secret_log_names_no_share_in_its_error() -> None:
 @pytest.fixture(scope="module")
 def agents(tmp_path_factory: pytest.TempPathFactory):
     cl = LocalCluster(tmp_path_factory.mktemp("rt-agents"), make_data(2), n_aggregators=1, scheme="pairwise",
-                      round_timeout_s=10.0, policy={"min_cell_count": 1})
+                      round_timeout_s=10.0, policy={"min_cell_count": 1, "analyses": ["brier"]})
     with cl.start():
         yield cl
 
@@ -574,3 +576,19 @@ def test_sites_that_never_finish_a_phase_get_a_clear_error_and_the_relay_keeps_s
     for s in SITES:
         _post(brisk, s, number2, "keys", pack([clients2[s].advertise_keys()]))
     assert _until(lambda: _poll(brisk, "site-a", number2, "keys"))
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: a site runs the whole key agreement (fresh keys, b_u, Shamir shares "
+                   "encrypted and sent, three SECRET log entries) for a round its policy refuses, before the policy "
+                   "check: the analyst drives every site's crypto work and log growth with queries outside the "
+                   "policy (SiteAgent._process calls pairwise.agree before _answer; the spec says the site checks "
+                   "the query before any key is used)")
+def test_a_query_outside_the_policy_is_refused_before_any_key_is_made(agents) -> None:
+    number = call_as(agents, "analyst", 0, lambda c: c.info())["next_number"]
+    params = join_params("rt-not-listed", "glm", {"y": "y", "x": ["score"]}, agents.config.policy.digest())
+    query = make_query(agents.config.study_id, number, JOIN, params)
+    call_as(agents, "analyst", 0, lambda c: c.send(query))  # the aggregator opens it: only the sites check
+    _until(lambda: ("refusal", number) in {(k, n) for k, n, _, _ in _log(agents, "site-a")}, 30)
+    made = [k for k, n, _, _ in _log(agents, "site-a") if n == number and k == "pairwise"]
+    sent = [(k, p) for k, n, p, _ in _log(agents, "agg-1") if n == number and k.startswith("pairwise:")]
+    assert made == [] and sent == [], (made, sent)
