@@ -153,9 +153,12 @@ class Aggregator:
         if rid.study != self.study:
             raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.study!r}")
 
-    def close(self, message: CloseRound) -> AggregateShare | ForwardedShares:
-        """Release round `message.round_id` over its contributors, within its run's rules."""
+    def check_close(self, message: CloseRound) -> bool:
+        """Every check that can refuse `close(message)`, changing nothing; whether the differencing guard
+        applies (a run's first release of a summed round). Run by an Aggregator before anything acts on a close."""
         r = self.round(message.round_id)
+        if not isinstance(message.contributors, (tuple, list)):
+            raise MessageError("a contributor set is a sequence of site names")
         agreed = tuple(sorted(message.contributors))
         guarded = False
         if self.runbook.of(r.query, r.params) is not None and r.released_over is None:
@@ -170,6 +173,14 @@ class Aggregator:
             # differencing guard could be checked, so nothing is released.
             raise PolicyError(f"run {r.params.get('run')!r} is older than the runs aggregator {self.index} "
                               "keeps; its rounds release nothing")
+        r.check_close(message.contributors)
+        return guarded
+
+    def close(self, message: CloseRound) -> AggregateShare | ForwardedShares:
+        """Release round `message.round_id` over its contributors, within its run's rules."""
+        guarded = self.check_close(message)
+        r = self.round(message.round_id)
+        agreed = tuple(sorted(message.contributors))
         records = r.site_records(agreed)
         share = r.close(message.contributors)
         self.runbook.closed(r.query, r.params, agreed)

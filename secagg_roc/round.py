@@ -156,8 +156,11 @@ class Round:
     def status(self) -> RoundStatus:
         return RoundStatus(self.round_id, tuple(sorted(self.accepted)), self.released_over is not None)
 
-    def close(self, contributors: tuple[str, ...]) -> AggregateShare | ForwardedShares:
-        """Release this aggregator's share of the total over `contributors` (once)."""
+    def check_close(self, contributors: tuple[str, ...]) -> tuple[tuple[str, ...], int]:
+        """Every check that can refuse `close(contributors)`, changing nothing: the agreed set and its records.
+
+        Run by an Aggregator before anything else acts on a close (pairwise masking ends its masked-input
+        phase only for a close that will release)."""
         if not isinstance(contributors, (tuple, list)) or not all(isinstance(s, str) for s in contributors):
             raise MessageError("a contributor set is a sequence of site names")
         agreed = tuple(sorted(contributors))
@@ -171,7 +174,7 @@ class Round:
                 )
             if self.released is None:
                 raise RoundError(f"{self.round_id} was released long ago; its aggregate share is no longer held")
-            return self.released  # the same release again reveals nothing new
+            return agreed, self.released.records
         if self.state is RoundState.ABANDONED:
             raise RoundError(f"{self.round_id} was abandoned; nothing is released")
         missing = [s for s in agreed if s not in self.accepted]
@@ -195,6 +198,14 @@ class Round:
             raise PrivacyError(  # without the count: a total below q is exactly what q keeps from the analyst
                 f"{self.round_id}: the total covers fewer than the privacy level q={self.policy.privacy_level} records"
             )
+        return agreed, records
+
+    def close(self, contributors: tuple[str, ...]) -> AggregateShare | ForwardedShares:
+        """Release this aggregator's share of the total over `contributors` (once)."""
+        agreed, records = self.check_close(contributors)
+        if self.released is not None:
+            return self.released  # the same release again reveals nothing new
+        shares = [self.accepted[s] for s in agreed]
         if self.per_site:
             # Forwarded, never summed: this aggregator's share of each site's own release.
             self.released = ForwardedShares(self.round_id, self.index, agreed, records, tuple(shares))

@@ -128,42 +128,18 @@ class Site:
         split's seeds are drawn here (`SharingScheme.fresh_seeds`) and handed to
         `persist` with the shares, so that they can be logged.
         """
-        self.check_query(query)
+        _, joined, info, step = self._vet(query)
         if persist is not None and seeds is None:
             seeds = self.scheme.fresh_seeds(self.holder)
         params = query.params
         run, number = params.get("run"), params.get("step")
-        again = self.answered.get(query.round_id.number)
-        if again is not None and again.query.round_id != query.round_id:
-            raise PolicyError(f"site {self.name!r}: round number {query.round_id.number} was used for another query")
-        joined = None
         if query.name == JOIN:
-            shares, joined = self._join(query, params, seeds, again is not None)
+            shares = self._join_shares(query, seeds)
             entries: list[LedgerEntry] = []
+        elif step.release == "dp":
+            shares, entries = self._per_site(query, info, number, step, seeds, replay)
         else:
-            if run is None:
-                raise PolicyError(
-                    f"site {self.name!r}: query {query.name!r} is not a round of a declared analysis; sites answer "
-                    "only the rounds of a run's plan"
-                )
-            info, step = self.runs.expect(run, number)
-            asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
-            # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
-            problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)
-            if problem is not None:
-                raise PolicyError(
-                    f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
-                    f"plan: {problem}"
-                )
-            if params.get("contributors") != list(info.contributors):
-                raise PolicyError(
-                    f"site {self.name!r}: round {number} of run {run!r} names the contributor set "
-                    f"{params.get('contributors')!r}, not the one of the join release it received"
-                )
-            if step.release == "dp":
-                shares, entries = self._per_site(query, info, number, step, seeds, replay)
-            else:
-                shares, entries = self._exact(query, info, number, step, seeds, replay)
+            shares, entries = self._exact(query, info, number, step, seeds, replay)
         if persist is not None:
             persist(entries, shares, seeds or {})
         for entry in entries:
@@ -178,16 +154,53 @@ class Site:
         while len(self.answered) > MAX_PENDING_ROUNDS:
             self.answered.popitem(last=False)
 
-    def _join(self, query: Query, params: dict, seeds: Mapping[int, bytes] | None, again: bool) -> tuple[list, tuple | None]:
-        """The join's shares, and (plan, arguments) to record once they are durable (None for a repeat)."""
-        joined = None
-        if not again:  # the same join again (a restarted agent re-sending its shares) was checked before
-            joined = self.runs.check_join(params, self.data)
-            self._check_consent(joined[1])
-            # Even the join's record total would tell how the data changed since earlier releases.
-            self.ledger.check_data(self.data_digest)
+    def vet(self, query: Query) -> None:
+        """Run by the Site: every check `answer` makes before it computes anything (PolicyError naming the
+        rule); an interactive scheme runs it before any key is made for the round."""
+        self._vet(query)
+
+    def _vet(self, query: Query) -> tuple[Answered | None, tuple | None, RunInfo | None, Step | None]:
+        """The checks of `answer`: (the earlier answer of this number, the join's (plan, arguments) to record
+        once durable, the run and its step)."""
+        self.check_query(query)
+        params = query.params
+        run, number = params.get("run"), params.get("step")
+        again = self.answered.get(query.round_id.number)
+        if again is not None and again.query.round_id != query.round_id:
+            raise PolicyError(f"site {self.name!r}: round number {query.round_id.number} was used for another query")
+        if query.name == JOIN:
+            joined = None
+            if again is None:  # the same join again (a restarted agent re-sending its shares) was checked before
+                joined = self.runs.check_join(params, self.data)
+                self._check_consent(joined[1])
+                # Even the join's record total would tell how the data changed since earlier releases.
+                self.ledger.check_data(self.data_digest)
+            return again, joined, None, None
+        if run is None:
+            raise PolicyError(
+                f"site {self.name!r}: query {query.name!r} is not a round of a declared analysis; sites answer "
+                "only the rounds of a run's plan"
+            )
+        info, step = self.runs.expect(run, number)
+        asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
+        # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
+        problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)
+        if problem is not None:
+            raise PolicyError(
+                f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
+                f"plan: {problem}"
+            )
+        if params.get("contributors") != list(info.contributors):
+            raise PolicyError(
+                f"site {self.name!r}: round {number} of run {run!r} names the contributor set "
+                f"{params.get('contributors')!r}, not the one of the join release it received"
+            )
+        return again, None, info, step
+
+    def _join_shares(self, query: Query, seeds: Mapping[int, bytes] | None) -> list:
+        """The join's shares: a 1 for this site, with its record count."""
         _, result = run_site_query(self.data, JOIN, {})
-        return self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(JOIN).outputs), joined
+        return self.share(query, result.values, result.records, seeds=seeds, kinds=lookup(JOIN).outputs)
 
     def _check_consent(self, args: Mapping) -> None:
         if args.get("mode") == "non-private" and not self.allow_non_private:

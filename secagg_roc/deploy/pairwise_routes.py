@@ -88,13 +88,16 @@ def add_routes(service: "AggregatorService", app: web.Application) -> None:
 
 
 async def before_close(service: "AggregatorService", close: CloseRound, body: bytes) -> None:
-    """Run before the analyst's close of a masked round: end its masked input phase over the contributors
-    the close names (logged), then wait (at most `unmask_wait`) for every survivor's unmask answer."""
+    """Run before the analyst's close of a masked round: check the close, end its masked input phase over
+    the contributors it names (logged), then wait (at most `unmask_wait`) for every survivor's unmask answer."""
     relay = service.state.pairwise
     if relay is None:
         return
     number = close.round_id.number
     service.state.status(close.round_id)  # an unknown or abandoned round is refused as it always is
+    # Every check of the close first (the run's rules, the differencing guard, an input from every named
+    # site): a close that will be refused must not end the masked phase or ask anyone to unmask anything.
+    service.state.core.check_close(close)
     if relay.waits_for_close(number):
         await service._apply(CLOSE, None, body, number=number)
     await service._wait(lambda: relay.unmask_ready(number, time.time()), relay.unmask_wait)

@@ -143,6 +143,10 @@ class SitePairwise:
         the round comes back with the feed and is resumed from the log)."""
         from .site_answers import _refusal_of
 
+        try:  # the site's policy and plan first: no key is made for a round it will refuse anyway
+            self.answers.site.vet(query)
+        except SecAggError:
+            return None  # its answer is the refusal, naming the rule
         give_up = asyncio.get_running_loop().time() + self.answers.config.round_timeout_s
         try:
             await self.session(query, client, give_up)

@@ -96,4 +96,7 @@ def restore(data: bytes, *, masked: bool = False) -> PairwiseClient:
             c._response = _message(s["response"], UnmaskResponse)
         return c
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise MessageError(f"a logged pairwise client cannot be read back: {type(exc).__name__}: {exc}") from None
+        # Only the kind of failure: the text of a parse error may quote the secret it failed to read, and a
+        # site's error can travel in a refusal.
+        raise MessageError(f"a logged pairwise client cannot be read back ({type(exc).__name__}); the site's "
+                           "log is damaged") from None

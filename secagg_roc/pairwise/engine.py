@@ -285,6 +285,11 @@ class PairwiseServer:
         pair = {msg.c_public, msg.s_public}
         if len(pair) != 2 or pair & self._public or any(len(k) != kx.KEY_BYTES for k in pair):
             raise MessageError(f"site {msg.site}'s public keys are malformed or repeat another key of this round")
+        for key in pair:
+            try:
+                kx.check_public(key)
+            except MessageError as exc:
+                raise MessageError(f"site {msg.site}'s public keys: {exc}") from None
         self._public |= pair
         self._keys[msg.site] = msg
 

@@ -62,6 +62,12 @@ def agree(sk: X25519PrivateKey, peer_public: bytes) -> bytes:
         raise MessageError("refused an X25519 public key of low order (its shared secret would be zero)") from None
 
 
+def check_public(public: bytes) -> None:
+    """Refuse a public key no honest peer could agree with (malformed, or of low order). Run by the server
+    as keys arrive, so one site's bad key is its own refusal, not every neighbour's failed round."""
+    agree(X25519PrivateKey.generate(), public)
+
+
 def _info(label: bytes, round_id: bytes, *sites: int) -> bytes:
     # Length-prefixed so that no (label, round, ids) triple can collide with another.
     return label + struct.pack("<I", len(round_id)) + round_id + b"".join(_ID.pack(s) for s in sites)
