@@ -8,11 +8,14 @@ from typing import Any, Awaitable, Callable
 
 from secagg_roc.deploy.config_schema import StudyConfig
 from secagg_roc.deploy.http import AggregatorClient
+from secagg_roc.deploy.key_signing import KeySigner
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.site_log import default_state_path, read_ledger
 from secagg_roc.deploy.tls import client_ssl_context
 from secagg_roc.ledger import Ledger
 from secagg_roc.messages import Query, RoundId
+from secagg_roc.pairwise.engine import PairwiseClient
+from secagg_roc.pairwise.messages import AdvertiseKeys
 from secagg_roc.plans import declared, get_plan
 from secagg_roc.plans.runner import join_params
 from secagg_roc.queries import canonical_params, query_digest
@@ -69,3 +72,22 @@ class After:
             self.done = True
             self.action()
         return totals
+
+
+class SignedClient(PairwiseClient):
+    """A hand-played deployed site's pairwise client: it signs the keys it advertises, as site agents do."""
+
+    def __init__(self, cluster: LocalCluster, name: str, *args: Any):
+        super().__init__(*args)
+        site = next(s for s in cluster.config.sites if s.name == name)
+        self._signer = KeySigner(cluster.config.study_id, site.cert, site.key)
+
+    def advertise_keys(self) -> AdvertiseKeys:
+        self._own = self._signer.sign(super().advertise_keys())
+        return self._own
+
+
+def signed_keys(cluster: LocalCluster, name: str, keys: AdvertiseKeys) -> AdvertiseKeys:
+    """`keys` signed by site `name` (a malicious site signs whatever it sends with its own key)."""
+    site = next(s for s in cluster.config.sites if s.name == name)
+    return KeySigner(cluster.config.study_id, site.cert, site.key).sign(keys)

@@ -18,6 +18,8 @@ import numpy as np
 import pytest
 
 import secagg_roc.stats as sr
+from secagg_roc.deploy import pki
+from secagg_roc.deploy.key_signing import KeySigner, KeyVerifier
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.pairwise_relay import POLL_TYPE, pack, unpack
 from secagg_roc.deploy.tls import AuthError
@@ -36,7 +38,7 @@ from secagg_roc.sharing.pairwise import PairwiseSharing
 from secagg_roc import prg
 from secagg_roc.ring import FixedPoint
 
-from deploy_client import call_as, join_query, make_query
+from deploy_client import SignedClient, call_as, join_query, make_query, signed_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
 
@@ -108,7 +110,7 @@ def _open_join(cluster: LocalCluster, run: str):
     names = sorted(cluster.site_names)
     tag, ids, graph, t = plan_round(query, names, {n: i for i, n in enumerate(names)},
                                     cluster.config.make_scheme().threshold_for)
-    return number, query, {ids[i]: PairwiseClient(i, tag, t, graph[i]) for i in ids}
+    return number, query, {ids[i]: SignedClient(cluster, ids[i], i, tag, t, graph[i]) for i in ids}
 
 
 def _masked_share(query, site: str, client: PairwiseClient, x: int) -> InputShare:
@@ -163,7 +165,8 @@ def test_every_phase_refuses_a_site_speaking_for_another_malformed_or_twice_and_
         status, _ = _raw(quiet, party, "POST", f"/v1/pairwise?round={number}&kind=keys", pack([keys["site-a"]]))
         assert status == 403
     _post(quiet, "site-a", number, "keys", pack([keys["site-a"]]))
-    copied = AdvertiseKeys(keys["site-b"].round_tag, b.site, keys["site-a"].c_public, keys["site-b"].s_public)
+    copied = signed_keys(quiet, "site-b", AdvertiseKeys(keys["site-b"].round_tag, b.site, keys["site-a"].c_public,
+                                                       keys["site-b"].s_public))
     with pytest.raises(MessageError, match="repeat another key"):  # site-b reusing site-a's public key
         _post(quiet, "site-b", number, "keys", pack([copied]))
     for s in SITES[1:]:
@@ -191,7 +194,7 @@ def test_every_phase_refuses_a_site_speaking_for_another_malformed_or_twice_and_
     for s in SITES:
         _post(quiet, s, number, "shares", pack(shares[s]))
     _post(quiet, "site-b", number, "shares", pack(shares["site-b"]))  # the same again: idempotent
-    again = PairwiseClient(b.site, b.round_id, b.threshold, b.neighbours)
+    again = SignedClient(quiet, "site-b", b.site, b.round_id, b.threshold, b.neighbours)
     again.advertise_keys()
     with pytest.raises(RoundError, match="already sent its shares"):  # other ciphertexts for site-b: refused
         _post(quiet, "site-b", number, "shares", pack(again.share_keys(nk["site-b"])))
@@ -284,7 +287,7 @@ def test_a_low_order_public_key_is_refused_by_the_relay(quiet) -> None:
     number, query, clients = _open_join(quiet, "rt-low-order")
     d = clients["site-d"]
     d.advertise_keys()
-    low = AdvertiseKeys(d.round_id, d.site, bytes(32), (1).to_bytes(32, "little"))
+    low = signed_keys(quiet, "site-d", AdvertiseKeys(d.round_id, d.site, bytes(32), (1).to_bytes(32, "little")))
     status, text = _raw(quiet, "site-d", "POST", f"/v1/pairwise?round={number}&kind=keys", pack([low]))
     if status == 204:  # accepted: show the harm before failing: the honest sites cannot share their keys
         for s in SITES[:3]:
@@ -375,20 +378,23 @@ def test_an_explicit_threshold_of_half_the_sites_lets_a_lying_server_unmask_one_
     assert _x_of_d(ys[3], b_3, s_3, public, 3).tolist() == [xs[3]]
 
 
-def _substituting_server(t: int = 3):
+def _substituting_server(t: int = 3, sign=lambda i, keys: keys, check=lambda keys: None):
     """A server that swaps the share-encryption keys between site 3 and its neighbours (man in the middle),
-    re-encrypting every share so that the round completes as usual; what it read of site 3's shares."""
+    re-encrypting every share so that the round completes as usual; what it read of site 3's shares.
+    `sign` is what a site does to the keys it advertises, `check` what it does with the keys it is relayed."""
     ids, d = [0, 1, 2, 3], 3
     xs = [10, 20, 30, 1234567]
     clients = {i: PairwiseClient(i, TAG, t, set(ids) - {i}) for i in ids}
-    adv = {i: c.advertise_keys() for i, c in clients.items()}
+    adv = {i: sign(i, c.advertise_keys()) for i, c in clients.items()}
     fake = {(i, v): kx.new_key_pair() for i in ids for v in ids if i != v and d in (i, v)}
 
     def seen_by(i: int, v: int) -> AdvertiseKeys:  # site v's keys as the server relays them to site i
         return dataclasses.replace(adv[v], c_public=fake[i, v][1]) if (i, v) in fake else adv[v]
 
-    out = {i: c.share_keys(NeighbourKeys(TAG, i, tuple(seen_by(i, v) for v in ids if v != i)))
-           for i, c in clients.items()}
+    relayed = {i: NeighbourKeys(TAG, i, tuple(seen_by(i, v) for v in ids if v != i)) for i in ids}
+    for keys in relayed.values():
+        check(keys.keys)
+    out = {i: c.share_keys(relayed[i]) for i, c in clients.items()}
     read: dict[int, bytes] = {}
     inbox: dict[int, list] = {i: [] for i in ids}
     for e in (e for batch in out.values() for e in batch):
@@ -409,13 +415,32 @@ def _substituting_server(t: int = 3):
     return _x_of_d(ys[d], b_3, s_3, {v: adv[v].s_public for v in (0, 1, 2)}, d), xs[d]
 
 
-@pytest.mark.xfail(strict=True, reason="VULN (stated outside the model in the spec, but a deployment has the "
-                   "PKI to close it): the one server can substitute the sites' share-encryption keys in "
-                   "NeighbourKeys, read every share of b_u and s_u and unmask any one site's input, undetected; "
-                   "AdvertiseKeys is not signed with the site's TLS identity (site_pairwise.session)")
-def test_a_server_substituting_public_keys_is_detected_by_the_sites() -> None:
+def test_a_server_substituting_public_keys_is_refused_by_deployed_sites(quiet, tmp_path) -> None:
+    """Deployed sites sign the keys they advertise with their study certificates (`deploy.key_signing`) and
+    check every key they are relayed: keys the server swapped in never verify, so no site shares anything
+    encrypted to them. (The unsigned engine alone is open to it: that is why deployed sites sign.)"""
     recovered, truth = _substituting_server()
-    assert recovered.tolist() != [truth], "the server read site 3's input"
+    assert recovered.tolist() == [truth]  # the negative control: unsigned, the swap goes unnoticed
+    names = sorted(quiet.site_names)
+    verifier = KeyVerifier(quiet.config.study_id, quiet.config.ca_cert, names)
+    sign = lambda i, keys: signed_keys(quiet, names[i], keys)  # noqa: E731
+    with pytest.raises(MessageError, match="does not verify"):
+        _substituting_server(sign=sign, check=verifier.check_all)
+    honest = sign(3, PairwiseClient(3, TAG, 3, {0, 1, 2}).advertise_keys())
+    verifier.check(honest)
+    swapped = dataclasses.replace(honest, c_public=kx.new_key_pair()[1])
+    agg = quiet.config.aggregators[0]  # the server signing keys of its own, as site 3
+    as_server = KeySigner(quiet.config.study_id, agg.cert, agg.key).sign(swapped)
+    as_other_site = signed_keys(quiet, names[0], swapped)
+    ca_key, ca_cert = pki._make_ca(quiet.config.study_id)  # another CA naming the same study and site
+    key, cert = pki._issue(ca_key, ca_cert, quiet.config.study_id, "site", names[3], None)
+    (tmp_path / "c.pem").write_bytes(pki._cert_pem(cert)), (tmp_path / "k.pem").write_bytes(pki._key_pem(key))
+    foreign = KeySigner(quiet.config.study_id, tmp_path / "c.pem", tmp_path / "k.pem").sign(swapped)
+    unsigned = dataclasses.replace(swapped, signature=b"", certificate=b"")
+    for forged, why in ((swapped, "does not verify"), (as_server, "not by that site"),
+                        (as_other_site, "not by that site"), (foreign, "did not issue"), (unsigned, "not signed")):
+        with pytest.raises(MessageError, match=why):
+            verifier.check(forged)
 
 
 def test_a_corrupted_secret_log_names_no_share_in_its_error() -> None:

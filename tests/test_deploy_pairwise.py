@@ -28,7 +28,7 @@ from secagg_roc.pairwise.rounds import plan_round
 from secagg_roc.queries.run import JOIN
 from secagg_roc.study import Study
 
-from deploy_client import call_as, join_query
+from deploy_client import SignedClient, call_as, join_query, signed_keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
 
@@ -132,11 +132,10 @@ def test_too_many_sites_down_at_the_unmasking_is_one_clear_error(pairwise) -> No
             pairwise.start_party(name)
 
 
-def test_sites_dropping_before_the_keys_and_after_them_leave_the_exact_total_of_the_others(tmp_path) -> None:
+def test_sites_down_or_refusing_before_the_keys_leave_the_exact_total_of_the_others(tmp_path) -> None:
     """site-d is down from the start (no keys: AdvertiseKeys closes at its deadline without it); site-c
-    takes part in the key agreement, then refuses the join (one positive label, below the policy's cell
-    size): it sends no
-    masked input, and its mask key is rebuilt from the others' shares to take its masks off."""
+    refuses the join (one positive label, below the policy's cell size) before it makes any key: a site
+    vets a round against its policy and plan first, so it never shares a key for a round it refuses."""
     data = make_data(7)
     data["site-c"]["y"] = np.r_[1, np.zeros(len(data["site-c"]["y"]) - 1, dtype=int)]
     cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", threshold=2, round_timeout_s=6.0,
@@ -146,9 +145,9 @@ def test_sites_dropping_before_the_keys_and_after_them_leave_the_exact_total_of_
         assert study.history[-1][3] == ("site-a", "site-b")
     assert float(brier) == float(sr.brier_score(embedded(cl, ["site-a", "site-b"], scheme="pairwise"), "y", "score"))
     log = _log(cl, "agg-1")
-    assert ("pairwise:shares", 0, "site-c") in log and ("pairwise:keys", 0, "site-d") not in log
-    assert "refused" in cl.log_text("site-c")
-    # The join's own total (one per joining site) came out exact: site-c's masks were taken off.
+    assert not {("pairwise:keys", 0, "site-c"), ("pairwise:keys", 0, "site-d")} & set(log)
+    assert ("refusal", 0, "site-c") in log and "refused" in cl.log_text("site-c")
+    # The join's own total (one per joining site) came out exact.
     path = cl.folder / "state" / "site-a.sqlite"
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
         (body,) = db.execute("SELECT body FROM log WHERE kind = 'release' AND number = 0").fetchone()
@@ -202,7 +201,7 @@ def _open_join(cluster: LocalCluster, number: int):
     names = sorted(cluster.site_names)
     scheme = cluster.config.make_scheme()
     tag, ids, graph, t = plan_round(query, names, {n: i for i, n in enumerate(names)}, scheme.threshold_for)
-    return query, {ids[i]: PairwiseClient(i, tag, t, graph[i]) for i in ids}
+    return query, {ids[i]: SignedClient(cluster, ids[i], i, tag, t, graph[i]) for i in ids}
 
 
 def _post(cluster, party: str, number: int, kind: str, body: bytes):
@@ -248,7 +247,8 @@ def test_raw_pairwise_messages_out_of_place_are_refused(quiet) -> None:
         _post(quiet, "site-a", number, "unmask", pack([fake]))
     _post(quiet, "site-a", number, "keys", body)
     _post(quiet, "site-a", number, "keys", body)  # the same keys again (a restarted site): idempotent
-    other = AdvertiseKeys(keys_a.round_tag, keys_a.site, bytes(range(32)), bytes(range(1, 33)))
+    other = signed_keys(quiet, "site-a", AdvertiseKeys(keys_a.round_tag, keys_a.site, bytes(range(32)),
+                                                       bytes(range(1, 33))))
     with pytest.raises(RoundError, match="duplicate"):  # other keys for the same site: never two key pairs
         _post(quiet, "site-a", number, "keys", pack([other]))
     assert _poll(quiet, "site-a", number, "keys") == []  # still open: the others have not advertised
@@ -266,7 +266,7 @@ def test_an_aggregator_killed_mid_key_agreement_resumes_it_from_its_log(quiet) -
     quiet.start_party("agg-1")
     _post(quiet, "site-a", number, "keys", pack([keys["site-a"]]))  # the same keys: still idempotent
     with pytest.raises(RoundError, match="duplicate"):  # another key pair for site-a: still refused
-        fresh = PairwiseClient(keys["site-a"].site, keys["site-a"].round_tag, 2, [1, 2, 3])
+        fresh = SignedClient(quiet, "site-a", keys["site-a"].site, keys["site-a"].round_tag, 2, [1, 2, 3])
         _post(quiet, "site-a", number, "keys", pack([fresh.advertise_keys()]))
     for site in ("site-b", "site-c", "site-d"):
         _post(quiet, site, number, "keys", pack([keys[site]]))

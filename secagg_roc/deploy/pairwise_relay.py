@@ -44,6 +44,7 @@ from ..pairwise.rounds import check_survivors, note_contributors, plan_round
 from ..pairwise.secret_sharing import SHARE_BYTES
 from ..queries import QUERIES
 from ..round import Round
+from .key_signing import KeyVerifier
 
 if TYPE_CHECKING:
     from .aggregator_state import AggregatorState
@@ -108,6 +109,7 @@ class PairwiseRelay:
         #: Largest body a site may post: keys, one ciphertext per neighbour, or two shares per neighbour.
         self.max_bytes = 4096 + 512 * len(state.sites)
         self.rounds: dict[int, _Relayed] = {}
+        self.verifier = KeyVerifier(state.config.study_id, state.config.ca_cert, state.sites)
 
     # -- which rounds -------------------------------------------------------------
 
@@ -178,6 +180,7 @@ class PairwiseRelay:
             site = self._site(party, msg.site, "AdvertiseKeys")
             if trial._keys.get(site) == msg:
                 return False  # the same keys again (a restarted site): idempotent
+            self.verifier.check(msg, valid_now=False)  # its own signature, or this site's refusal alone
             trial.receive_keys(msg)
         elif kind == SHARES:
             if not all(isinstance(m, EncryptedShare) for m in messages):

@@ -39,6 +39,7 @@ from ..queries.run import JOIN
 from .aggregator_state import ABANDON_FACTOR
 from .http import AggregatorClient, retry
 from .http_protocol import TransportError
+from .key_signing import KeySigner, KeyVerifier
 from .pairwise_relay import POLL_TYPE, pack, unpack
 
 if TYPE_CHECKING:
@@ -62,6 +63,11 @@ class SitePairwise:
         self.received: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self._unmasking: set[int] = set()
+        config = answers.config
+        if config.scheme == "pairwise":
+            me = next(s for s in config.sites if s.name == answers.name)
+            self.signer = KeySigner(config.study_id, me.cert, me.key)
+            self.verifier = KeyVerifier(config.study_id, config.ca_cert, (s.name for s in config.sites))
 
     # -- the log ------------------------------------------------------------------
 
@@ -115,7 +121,7 @@ class SitePairwise:
         logged = self.logged.get(number)
         if logged is None:
             c = PairwiseClient(me, tag, t, neighbours)
-            c.advertise_keys()
+            c._own = self.signer.sign(c.advertise_keys())  # noqa: SLF001 (signed before it is logged and sent)
             await loop.run_in_executor(None, self._log, number, c)
             sent = b""
         else:
@@ -125,6 +131,7 @@ class SitePairwise:
         if c._phase == "advertised":  # noqa: SLF001
             await self._post(client, number, "keys", pack([c._own]), give_up)  # noqa: SLF001
             (keys,) = await self._poll(client, number, "keys", NeighbourKeys, give_up, one=True)
+            self.verifier.check_all(keys.keys)  # no share leaves for a key its site did not sign
             outgoing = c.share_keys(keys)
             sent = pack(outgoing)
             await loop.run_in_executor(None, self._log, number, c, sent)

@@ -44,6 +44,9 @@ def _check_tag(expected: bytes, got: bytes, what: str) -> None:
         raise RoundError(f"{what} belongs to another round")
 
 
+#: Bounds on what a deployed site's AdvertiseKeys carries besides its keys (an ECDSA signature, a certificate).
+MAX_SIGNATURE_BYTES, MAX_CERTIFICATE_BYTES = 256, 8192
+
 class PairwiseClient:
     """One site's side of one round. Run by a Site.
 
@@ -285,6 +288,8 @@ class PairwiseServer:
         pair = {msg.c_public, msg.s_public}
         if len(pair) != 2 or pair & self._public or any(len(k) != kx.KEY_BYTES for k in pair):
             raise MessageError(f"site {msg.site}'s public keys are malformed or repeat another key of this round")
+        if len(msg.signature) > MAX_SIGNATURE_BYTES or len(msg.certificate) > MAX_CERTIFICATE_BYTES:
+            raise MessageError(f"site {msg.site}'s keys carry a signature or certificate larger than a site's")
         for key in pair:
             try:
                 kx.check_public(key)

@@ -24,7 +24,7 @@ import numpy as np
 from .errors import MessageError
 
 MAGIC = b"SRP"
-VERSION = 1
+VERSION = 2  # 2: AdvertiseKeys carries a signature and a certificate
 MAX_BYTES = 1 << 20
 MAX_SITES = 1 << 20
 _U32, _U64 = struct.Struct("<I"), struct.Struct("<Q")
@@ -152,13 +152,26 @@ class AdvertiseKeys(PairwiseMessage):
     site: int
     c_public: bytes  # encrypts the shares sent to this site
     s_public: bytes  # agrees pairwise masks
+    #: A deployed site's signature over `signed_bytes` with its study certificate's key, and that certificate
+    #: (DER); empty in the embedded federation (see `deploy.key_signing`).
+    signature: bytes = b""
+    certificate: bytes = b""
+
+    def signed_bytes(self, study: str) -> bytes:
+        """What a deployed site signs: the study, the round, the site and both keys (length-prefixed)."""
+        w = _Writer(self.KIND)
+        w.raw(b"secagg-roc pairwise keys v1"), w.raw(study.encode()), w.raw(self.round_tag), w.site(self.site)
+        w.raw(self.c_public), w.raw(self.s_public)
+        return b"".join(bytes(p) for p in w.parts)
 
     def _write(self, w: _Writer) -> None:
         w.raw(self.round_tag), w.site(self.site), w.raw(self.c_public), w.raw(self.s_public)
+        w.raw(self.signature), w.raw(self.certificate)
 
     @classmethod
     def _read(cls, r: _Reader) -> "AdvertiseKeys":
-        return cls(r.raw("round tag"), r.site(), r.raw("c public key"), r.raw("s public key"))
+        return cls(r.raw("round tag"), r.site(), r.raw("c public key"), r.raw("s public key"), r.raw("signature"),
+                   r.raw("certificate"))
 
 
 @dataclass(frozen=True)
