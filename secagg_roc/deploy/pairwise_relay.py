@@ -37,7 +37,8 @@ import numpy as np
 
 from ..errors import MessageError, RoundError
 from ..messages import AggregateShare, CloseRound, InputShare, decode as decode_message
-from ..pairwise.engine import ADVERTISE_KEYS, MASKED_INPUT, SHARE_KEYS, UNMASKING, PairwiseServer
+from ..pairwise.engine import ADVERTISE_KEYS, MASKED_INPUT, SHARE_KEYS, UNMASKING
+from ..pairwise.server import PairwiseServer
 from ..pairwise.keys import NONCE_BYTES, TAG_BYTES
 from ..pairwise.messages import AdvertiseKeys, EncryptedShare, PairwiseMessage, UnmaskResponse, decode
 from ..pairwise.rounds import check_survivors, note_contributors, plan_round

@@ -29,7 +29,8 @@ seed)` gives SecAgg+'s sparse k-regular graph from a public seed.
 Spec: `protocols/pairwise-masking.toml`.
 """
 
-from .engine import ADVERTISE_KEYS, MASKED_INPUT, PHASES, SHARE_KEYS, UNMASKING, PairwiseClient, PairwiseServer
+from .engine import ADVERTISE_KEYS, MASKED_INPUT, PHASES, SHARE_KEYS, UNMASKING, PairwiseClient
+from .server import PairwiseServer
 from .errors import ShareAuthenticationError, TooFewSurvivors
 from .graph import complete_graph, default_degree, neighbour_graph
 from .messages import (

@@ -26,7 +26,8 @@ from typing import Callable, Iterable, Mapping
 from ..errors import RoundError
 from ..messages import AggregateShare, Query, RoundId
 from ..transcript import Transcript
-from .engine import PairwiseClient, PairwiseServer
+from .engine import PairwiseClient
+from .server import PairwiseServer
 from .graph import Graph, complete_graph, default_degree, neighbour_graph
 from .messages import PairwiseMessage, UnmaskRequest, decode
 

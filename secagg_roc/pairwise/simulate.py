@@ -7,7 +7,8 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
-from .engine import ADVERTISE_KEYS, MASKED_INPUT, PHASES, SHARE_KEYS, UNMASKING, PairwiseClient, PairwiseServer
+from .engine import ADVERTISE_KEYS, MASKED_INPUT, PHASES, SHARE_KEYS, UNMASKING, PairwiseClient
+from .server import PairwiseServer
 from .graph import check_graph, complete_graph
 
 
