@@ -111,7 +111,7 @@ def combine_forwarded(shares: list[ForwardedShares], scheme: SharingScheme) -> d
             if p.vector is not None and (not _ring_vector(p.vector) or p.vector.shape != (n,)
                                          or scheme.check_payload(p.vector) is not None):
                 raise CombineError(f"a forwarded share of site {site!r} is not a payload of the {scheme.name} scheme")
-            if p.vector is None and (p.seed is None or scheme.check_seed(f.aggregator, p.seed) is not None):
+            if p.vector is None and (p.seed is None or not scheme.accepts_seeds):
                 raise CombineError(f"a forwarded share of site {site!r} carries no payload the scheme takes")
             vectors[f.aggregator] = v = np.empty(n, dtype=np.uint64)
             scheme.materialize(v, Payload(seed=p.seed, vector=p.vector))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import prg
 from .buffers import BufferPool
 from .errors import MessageError, PrivacyError, RoundError
 from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundStatus, check_name
@@ -121,9 +122,10 @@ class Round:
         if length == 0 or length > self.policy.max_length:
             raise MessageError(f"share length {length} outside 1..{self.policy.max_length}")
         if share.seed is not None:
-            problem = self.scheme.check_seed(self.index, share.seed)
-            if problem is not None:
-                raise MessageError(f"share from {share.site!r}: {problem}")
+            if not self.scheme.accepts_seeds:
+                raise MessageError(f"the {self.scheme.name} scheme carries vectors, not seeds")
+            if len(share.seed) != prg.SEED_BYTES:
+                raise MessageError(f"a seed is {prg.SEED_BYTES} bytes, got {len(share.seed)}")
         else:
             v = share.vector
             n = self.scheme.payload_length(length)

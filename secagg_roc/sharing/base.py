@@ -18,7 +18,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import prg
 from ..buffers import BufferPool
 from ..ring import FixedPoint
 from .threat import ThreatModel
@@ -61,15 +60,6 @@ class SharingScheme(abc.ABC):
         takes them. A deployed site logs them before sending, so that after a restart the same seeds over the
         same data re-create identical shares."""
         raise ValueError(f"the {self.name} scheme cannot re-create a split from seeds")
-
-    def check_seed(self, aggregator: int, seed: bytes) -> str | None:
-        """Run by an Aggregator (and the Analyst over forwarded shares): what is wrong with a seed payload
-        addressed to `aggregator`, or None."""
-        if not self.accepts_seeds:
-            return f"the {self.name} scheme carries vectors, not seeds"
-        if len(seed) != prg.SEED_BYTES:
-            return f"a seed is {prg.SEED_BYTES} bytes, got {len(seed)}"
-        return None
 
     def payload_length(self, n: int) -> int:
         """How many uint64 elements carry an input of `n` ring elements to one aggregator."""

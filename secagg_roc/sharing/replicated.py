@@ -1,10 +1,8 @@
 """Replicated secret sharing among three aggregators, with tamper detection.
 
 A Site splits its encoded output x into three additive components
-x = r_0 + r_1 + r_2 (mod 2^64), r_0 and r_1 the keystreams of two fresh OS
-seeds, and gives aggregator j the pair (r_j, r_{j+1 mod 3}): aggregator 0 gets
-the two seeds (32 bytes standing for its whole pair), aggregators 1 and 2 get
-vectors, so a site uploads two pairs instead of three. Each aggregator sums both of its
+x = r_0 + r_1 + r_2 (mod 2^64), r_0 and r_1 fresh keystreams, and gives
+aggregator j the pair (r_j, r_{j+1 mod 3}). Each aggregator sums both of its
 components over the contributors. Every component is thus held by two
 aggregators, and one aggregator alone sees two uniformly random vectors. The
 Analyst takes each component's sum from both holders and raises `TamperError`
@@ -28,7 +26,6 @@ from .threat import ThreatModel
 class ReplicatedSharing(SharingScheme):
     name = "replicated"
     private = True
-    accepts_seeds = True  # aggregator 0's pair only: the seeds of r_0 and r_1, back to back
 
     @classmethod
     def check_n(cls, n_aggregators: int) -> int:
@@ -45,14 +42,13 @@ class ReplicatedSharing(SharingScheme):
             malicious={"aggregator alters its aggregate share": "detected",
                        "aggregator withholds its aggregate share": "blocked",
                        "site sends a malformed share": "blocked"},
-            upload_vectors_per_site=4.0, coalition="1 of 3 aggregators",
+            upload_vectors_per_site=6.0, coalition="1 of 3 aggregators",
             notes=("each component is held by two aggregators; every copy must agree or TamperError names "
                    "the aggregator common to all mismatches (both holders when only one component differs)",
                    "a malicious site that sends one aggregator inconsistent components produces the same evidence: "
                    "the round is blocked (no wrong total), and the named aggregator may be innocent",
                    "all three aggregators must answer: a missing one blocks the round rather than "
-                   "silently switching tamper detection off",
-                   "a site uploads two seeds (aggregator 0's pair) and two pairs of vectors"),
+                   "silently switching tamper detection off"),
         )
 
     def payload_length(self, n: int) -> int:
@@ -68,47 +64,31 @@ class ReplicatedSharing(SharingScheme):
 
     def split(self, encoded: np.ndarray, *, holder: int = 0, seeds: Mapping[int, bytes] | None = None
               ) -> list[Payload]:
-        """Run by a Site: aggregator 0 gets the seeds of [r_0, r_1]; aggregators 1 and 2 get [r_1, r_2] and
-        [r_2, r_0] as vectors of twice the input's length."""
+        """Run by a Site: aggregator j gets [r_j, r_{j+1}] as one vector of twice the input's length."""
         seeds = self.fresh_seeds() if seeds is None else seeds
         if set(seeds) != {0, 1}:
             raise ValueError(f"seeds must be given for [0, 1] exactly, got {sorted(seeds)}")
         x = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
         n = x.size
-        # Written straight into the two vector payloads (recycled vectors when the federation has a pool):
-        # p1 = [r1, r2], p2 = [r2, r0], with r2 = x - r0 - r1 (mod 2^64: uint64 wraps).
-        p1, p2 = (np.empty(2 * n, dtype=np.uint64) if self.buffers is None else self.buffers.take(2 * n)
-                  for _ in range(2))
-        prg.Keystream(bytes(seeds[1])).write(p1[:n])
-        prg.Keystream(bytes(seeds[0])).write(p2[n:])
-        np.subtract(x, p2[n:], out=p1[n:])
-        np.subtract(p1[n:], p1[:n], out=p1[n:])
+        # Written straight into the three payloads (recycled vectors when the federation has a pool):
+        # p0 = [r0, r1], p1 = [r1, r2], p2 = [r2, r0], with r2 = x - r0 - r1 (mod 2^64: uint64 wraps).
+        p0, p1, p2 = (np.empty(2 * n, dtype=np.uint64) if self.buffers is None else self.buffers.take(2 * n)
+                      for _ in range(3))
+        prg.Keystream(bytes(seeds[0])).write(p0[:n])
+        prg.Keystream(bytes(seeds[1])).write(p0[n:])
+        np.copyto(p1[:n], p0[n:])
+        np.subtract(x, p0[:n], out=p1[n:])
+        np.subtract(p1[n:], p0[n:], out=p1[n:])
         np.copyto(p2[:n], p1[n:])
-        return [Payload(seed=bytes(seeds[0]) + bytes(seeds[1])), Payload(vector=p1), Payload(vector=p2)]
-
-    def check_seed(self, aggregator: int, seed: bytes) -> str | None:
-        if aggregator != 0:
-            return f"aggregator {aggregator} of the replicated scheme takes vectors; only aggregator 0 takes seeds"
-        if len(seed) != 2 * prg.SEED_BYTES:
-            return f"aggregator 0's payload is two seeds, {2 * prg.SEED_BYTES} bytes; got {len(seed)}"
-        return None
+        np.copyto(p2[n:], p0[:n])
+        return [Payload(vector=p0), Payload(vector=p1), Payload(vector=p2)]
 
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: both components at once (mod 2^64)."""
-        if payload.seed is None:
-            np.add(acc, payload.vector, out=acc)
-            return
-        n = acc.size // 2
-        prg.add_stream(payload.seed[:prg.SEED_BYTES], acc[:n])
-        prg.add_stream(payload.seed[prg.SEED_BYTES:], acc[n:])
+        np.add(acc, payload.vector, out=acc)
 
     def materialize(self, out: np.ndarray, payload: Payload) -> None:
-        if payload.seed is None:
-            np.copyto(out, payload.vector)
-            return
-        n = out.size // 2
-        prg.Keystream(payload.seed[:prg.SEED_BYTES]).write(out[:n])
-        prg.Keystream(payload.seed[prg.SEED_BYTES:]).write(out[n:])
+        np.copyto(out, payload.vector)
 
     def combine(self, aggregate_vectors: Mapping[int, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Run by the Analyst: check both copies of every component, then add the three."""
