@@ -104,6 +104,7 @@ class SiteCompactor:
         #: Every round number up to this one that the site does not hold is refused (-1: none forgotten).
         self.retired_max = -1
         self.upto = 0  # entries up to this seq are older than the snapshot
+        self.every = COMPACT_EVERY
         self._order: list[str] = []  # the snapshot's order of runs (`reorder`)
         self._pending = [0, 0]  # releases taken in and bytes logged since the last compaction
 
@@ -166,7 +167,7 @@ class SiteCompactor:
         `COMPACT_BYTES`. Called with the site's lock held."""
         self._pending[0] += int(settled)
         self._pending[1] += nbytes
-        if self._pending[0] >= COMPACT_EVERY or self._pending[1] >= COMPACT_BYTES:
+        if self._pending[0] >= self.every or self._pending[1] >= COMPACT_BYTES:
             self.settled()
 
     def settled(self) -> None:
