@@ -222,3 +222,48 @@ def test_the_log_stays_flat_as_runs_accumulate(tmp_path: Path) -> None:
     for s, site in sites.items():
         assert len(log_kinds(site.path)) <= max(counts[s], 4 * 3)  # at most `every` rounds' entries
         assert len(site.agent.queries) <= 8 and len(site.agent.answers) <= 48
+
+
+@pytest.mark.slow
+def test_kill_9_a_compacting_site_agent_at_random_points_and_the_study_goes_on(tmp_path: Path) -> None:
+    """Real processes (mutual TLS, SQLite): a site agent is killed with SIGKILL at random moments while the
+    analyst runs many rounds, and started again on its database (which it compacts on start); every
+    total is exact, and its log holds only the live rounds' entries."""
+    import concurrent.futures
+    import threading
+    import time
+
+    import secagg_roc.stats as sr
+    from secagg_roc.deploy.local_cluster import LocalCluster
+    from secagg_roc.deploy.site_log import default_state_path
+
+    rng = np.random.default_rng(9)
+    data = {f"s{i}": {"x": rng.integers(-50, 50, (1, 20)).astype(float)} for i in range(3)}
+    expected = sum(d["x"][0] for d in data.values())
+    with LocalCluster(tmp_path / "cl", data, data_format="npz", round_timeout_s=30.0, privacy_level=1,
+                      policy={"analyses": ["sum"]}) as cl:
+        with cl.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            enough = threading.Event()
+
+            def many() -> list:
+                out = []
+                while not enough.is_set() or len(out) < 40:  # at least 80 rounds (join and sum per run)
+                    out.append(sr.column_sums(study, "x"))
+                return out
+
+            job = pool.submit(many)
+            for _ in range(5):  # killed at a random moment: mid-answer, mid-release, mid-compaction
+                time.sleep(float(rng.uniform(0.05, 1.0)))
+                cl.kill("s1")
+                cl.start_party("s1")
+            enough.set()
+            totals = job.result(timeout=600)
+        assert len(totals) >= 40
+        for total in totals:
+            np.testing.assert_array_equal(np.asarray(total).ravel(), expected)
+        cl.kill("s1")
+        cl.start_party("s1")  # compacts on start: the study's rounds left no entries but the live ones
+        path = default_state_path(cl.config, "s1")
+        assert len(log_kinds(path)) <= 4, log_kinds(path)
+        with cl.study() as study:
+            np.testing.assert_array_equal(np.asarray(sr.column_sums(study, "x")).ravel(), expected)
