@@ -261,7 +261,8 @@ class SiteAnswers:
             except BaseException:
                 self._undo(query, rng_before)  # e.g. the disk is full: nothing was sent, try again later
                 raise
-        self.answers[number] = answer
+            self.answers[number] = answer
+            self.compactor.maybe()  # e.g. an analyst sending only rounds this site refuses
         if self.on_answer is not None:
             self.on_answer(number, answer.kind)
         log.info("answered %s (%s) with %s", rid, query.name, answer.kind)
@@ -341,3 +342,4 @@ class SiteAnswers:
             else:
                 log.info("took in the release of round %d", number)
             self.compactor.note(len(body), settled=True)
+            self.compactor.maybe()

@@ -25,11 +25,12 @@ deletions (`Store.compact`, as the aggregators do), a JSON snapshot of:
   and why) in their order among all runs, and the ids of finished runs
   (`plans.site_runs.KEEP_FINISHED`).
 
-It keeps, as log entries, everything of the LIVE rounds: those its `Site`
-still waits a release for (`Site.answered`), those of runs that can still
-take rounds (their queries and releases rebuild the plan on replay, so the
-next round is checked against the releases received), and pairwise key
-agreements not settled. Gone: splits, queries, releases and pairwise keys of
+It keeps, as log entries, everything of the LIVE rounds: those of runs that
+can still take rounds (joined, not ended, among the latest
+`plans.site_runs.MAX_OPEN_RUNS`: their queries and releases rebuild the plan
+on replay, so the next round is checked against the releases received, and
+a round waiting for its release re-sends the identical shares), and pairwise
+key agreements not settled. Gone: splits, queries, releases and pairwise keys of
 settled rounds of ended runs, ledger entries and noise states (in the
 snapshot). A kill -9 at any point leaves the old log or the snapshot with its
 live entries; `restore` then `SiteAnswers._replay` rebuild the same state.
@@ -107,6 +108,8 @@ class SiteCompactor:
         self.every = COMPACT_EVERY
         self._order: list[str] = []  # the snapshot's order of runs (`reorder`)
         self._pending = [0, 0]  # releases taken in and bytes logged since the last compaction
+        self._held: dict[int, "_Answer"] = {}  # the answers and numbers the snapshot being written stands for
+        self._gone: set[int] = set()
 
     # -- restart ------------------------------------------------------------------
 
@@ -163,10 +166,13 @@ class SiteCompactor:
     # -- compaction -----------------------------------------------------------------
 
     def note(self, nbytes: int, settled: bool = False) -> None:
-        """After an append (`settled`: a release taken in): compact every `COMPACT_EVERY` releases or
-        `COMPACT_BYTES`. Called with the site's lock held."""
+        """After an append (`settled`: a release taken in): count it towards the next compaction."""
         self._pending[0] += int(settled)
         self._pending[1] += nbytes
+
+    def maybe(self) -> None:
+        """Compact once `every` releases were taken in or `COMPACT_BYTES` logged since the last time. Called
+        with the site's lock held, once the state is what the log replays to (never mid-answer)."""
         if self._pending[0] >= self.every or self._pending[1] >= COMPACT_BYTES:
             self.settled()
 
@@ -181,7 +187,9 @@ class SiteCompactor:
         """Round numbers whose entries stay in the log (see the module docstring)."""
         a = self.answers
         runs = a.site.runs.runs
-        out = set(a.site.answered) | set(a.pairwise.logged)
+        # A round waiting for its release is live only while its run is: a release of a run that ended, or
+        # that the site dropped (`MAX_OPEN_RUNS`), moves nothing on.
+        out = set(a.pairwise.logged)
         for number, query in a.queries.items():
             run = query.params.get("run")
             if isinstance(run, str) and run in runs and runs[run].ended is None:
@@ -197,7 +205,9 @@ class SiteCompactor:
             live = self.live()
             snap = self._snapshot(upto, live)
             text = json.dumps(snap, separators=(",", ":"))
-            keep = sorted(live)
+            # Only the numbers the snapshot stands for go: a refusal the event loop logged a moment ago
+            # (pairwise masking's, not under the site's lock) stays until the next time.
+            keep = sorted(self.store.numbers(upto) - self._gone)
             dropped = self.store.compact(text, upto, keep_numbers={kind: keep for kind in _LIVE_KINDS}, keep_seqs=[])
         self.retired_max = int(snap["retired_max"])  # only once the snapshot that forgets them is durable
         self._forget(live)
@@ -206,12 +216,14 @@ class SiteCompactor:
 
     def _snapshot(self, upto: int, live: set[int]) -> dict[str, Any]:
         a = self.answers
-        gone = sorted(n for n in a.answers if n not in live)
+        self._held = dict(a.answers)  # a copy: the event loop may add a refusal meanwhile
+        gone = sorted(n for n in self._held if n not in live)
+        self._gone = set(gone)
         kept, older = gone[-KEEP_NUMBERS:], gone[:-KEEP_NUMBERS]
         retired = max(self.retired_max, older[-1]) if older else self.retired_max
         numbers = []
         for n in kept:
-            answer = a.answers[n]
+            answer = self._held[n]
             frames = None if answer.kind == "shares" else b"".join(pack_frames(answer.outputs[0])).hex()
             numbers.append([n, answer.round_id.query.hex(), frames])
         runs = []
@@ -234,8 +246,8 @@ class SiteCompactor:
         from .site_answers import _Answer
 
         a = self.answers
-        for n in [n for n in a.answers if n not in live]:
-            answer = a.answers[n]
+        for n in sorted(self._gone):
+            answer = self._held[n]
             a.queries.pop(n, None)
             if n <= self.retired_max:
                 del a.answers[n]
