@@ -25,8 +25,9 @@ and the operator's consent to the non-private mode, and for each round:
   combines the aggregators' shares itself and moves the site's copy of the
   plan on.
 
-On restart the log is replayed in order (`_replay`): the ledger entries into
-a fresh ledger, the noise generator's state, then `Site.restore` of every
+On restart the log is replayed in order (`_replay`): the snapshot of a
+compacted log first (`site_compaction`), the ledger entries into
+the ledger, the noise generator's state, then `Site.restore` of every
 answered round with its logged release (rebuilding the runs and plans without
 computing anything again). Share randomness always comes from the operating
 system; DP noise from ``site_noise_rng(seed, site)`` (OS-seeded unless a seed

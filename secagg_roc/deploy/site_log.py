@@ -13,7 +13,9 @@ An answer is logged as its split, not its share vectors (`split_record`): a
 few hundred bytes of seeds and digests, enough to re-create the identical
 shares from the same data after a restart and to check that they are
 identical (`split_mismatch`). ``secagg-roc site check`` reads the site's
-ledger from the log (`read_ledger`).
+ledger from the log (`read_ledger`). The log is compacted as rounds settle
+(`site_compaction`): the ledger, the noise state and what else must be kept
+move into a snapshot; the live runs' entries stay.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ was committed is never referenced and is removed on the next open. Schema 2
 adds the ``file`` and ``size`` columns; a schema 1 database is upgraded in
 place when opened (an older build then refuses it instead of misreading it).
 
-Compaction (`compact`, used by the aggregators: see `compaction`): a party may
+Compaction (`compact`, used by the aggregators, see `compaction`, and the sites, see `site_compaction`): a party may
 replace the past of its log by a *snapshot* of its state, kept in ``meta``,
 in ONE transaction that writes the snapshot and deletes the entries it
 stands for (those up to its ``upto`` sequence number, except the ones the
