@@ -267,3 +267,22 @@ def test_kill_9_a_compacting_site_agent_at_random_points_and_the_study_goes_on(t
         assert len(log_kinds(path)) <= 4, log_kinds(path)
         with cl.study() as study:
             np.testing.assert_array_equal(np.asarray(sr.column_sums(study, "x")).ravel(), expected)
+
+
+def test_a_refusal_is_re_sent_identically_after_compaction_and_restart(tmp_path: Path) -> None:
+    """A round the site refused keeps its refusal (the same frames) through compactions and restarts, and is
+    never answered with shares afterwards; nothing new is logged for it."""
+    config, _ = dp_study(tmp_path)
+    study, sites = brier_runs(config, tmp_path, 1, restart=False)
+    site = sites["site-a"]
+    number = 1000
+    forged = make_query(STUDY, number, "brier.sums", {"run": "nope", "step": 1, "contributors": SITES})
+    refused = site.agent._answer(forged)
+    assert refused.kind == "refusal"
+    for _ in range(2):
+        site.agent.compactor.compact()
+        site.restart()
+        cached = site.agent._cached(forged)
+        assert cached.kind == "refusal" and cached.outputs == refused.outputs
+    assert ("refusal", number) not in log_kinds(site.path)  # in the snapshot, not an entry
+    assert site.agent.compactor.refusal(forged) is None  # held: not refused as a retired number

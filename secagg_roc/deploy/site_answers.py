@@ -329,7 +329,7 @@ class SiteAnswers:
     def _take_release(self, number: int, shares: list) -> None:
         """Log a round's release, then move the site's copy of its run on with it (in a worker thread)."""
         with self._site_lock:
-            if number in self.settled:
+            if number in self.settled or number not in self.queries:  # or forgotten by a compaction
                 return
             # Not fsync'd: after a power loss a release is fetched again from the aggregators.
             body = b"".join(pack_frames(shares))
