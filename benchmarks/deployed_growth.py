@@ -11,7 +11,7 @@ After N and after 2N runs, for every party: the bytes of its database, WAL
 and side files, and its number of log entries; for each aggregator, the time
 to replay its log into a fresh state (`compaction.replay`, on a consistent
 copy taken while the cluster is idle), and for each site agent the time to
-read its log. Printed: the figures and their ratios 2N / N (1.0 = flat, 2.0 =
+replay its log as a restart does (`SiteAnswers._replay`, on a copy too). Printed: the figures and their ratios 2N / N (1.0 = flat, 2.0 =
 growing with the rounds).
 """
 
@@ -34,6 +34,12 @@ try:
 except ImportError:  # a build before compaction (for a before/after comparison with PYTHONPATH)
     from secagg_roc.deploy.aggregator_state import replay  # type: ignore[attr-defined,no-redef]
 from secagg_roc.deploy.local_cluster import LocalCluster
+
+try:
+    from secagg_roc.deploy.site_compaction import SiteCompactor  # noqa: F401  (a build that compacts site logs)
+    from secagg_roc.deploy.site_answers import SiteAnswers
+except ImportError:
+    SiteAnswers = None  # type: ignore[assignment,misc]
 from secagg_roc.deploy.site_log import default_state_path
 from secagg_roc.deploy.store import Store
 
@@ -70,10 +76,20 @@ def measure(cl: LocalCluster, where: Path) -> dict[str, tuple[int, int, float]]:
         store.close()
     for site in cl.site_names:
         path = default_state_path(config, site)
-        with Store(path, study=config.study_id, party=site) as store:
-            t0 = time.perf_counter()
-            n = sum(1 for _ in store.entries())
-            out[site] = (disk_bytes(path), n, time.perf_counter() - t0)
+        copy = consistent_copy(path, where / site)
+        with Store(copy, study=config.study_id, party=site) as store:
+            n = store.count()
+        if SiteAnswers is None:  # a build before site compaction: reading its log
+            with Store(copy, study=config.study_id, party=site) as store:
+                t0 = time.perf_counter()
+                sum(1 for _ in store.entries())
+                out[site] = (disk_bytes(path), n, time.perf_counter() - t0)
+            continue
+        answers = SiteAnswers(config, site, state_path=copy)
+        t0 = time.perf_counter()
+        answers._replay()  # what a restarted site agent does (compacting its log on start included)
+        out[site] = (disk_bytes(path), n, time.perf_counter() - t0)
+        answers.store.close()
     return out
 
 
@@ -107,7 +123,8 @@ def main() -> None:
         (d1, e1, t1), (d2, e2, t2) = figures["N"][party], figures["2N"][party]
         print(f"   {party:<8} {d1 / 1e6:>8.2f}MB {d2 / 1e6:>8.2f}MB {d2 / d1:>6.2f} {e1:>6} -> {e2:<5} {e2 / e1:>6.2f} "
               f"{t1 * 1e3:>12.1f} {t2 * 1e3:>8.1f} {t2 / t1:>6.2f}")
-    print("   (aggregators: replay into a fresh state; site agents: reading the log)")
+    print("   (replay: restarting on a consistent copy of the database; aggregators into a fresh state, site "
+          "agents through their log replay)")
 
 
 if __name__ == "__main__":

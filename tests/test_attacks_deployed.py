@@ -233,11 +233,14 @@ def dp_charges(cl: LocalCluster, site: str) -> dict[str, Any]:
 
 
 def noisy_rows(cl: LocalCluster, site: str) -> list[str]:
-    """The key of every ``ledger:noisy`` row in the site's database (duplicates included)."""
+    """The key of every ``ledger:noisy`` row in the site's database (duplicates included), those a
+    compaction moved into its snapshot first."""
     path = cl.folder / "state" / f"{site}.sqlite"
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        snap = db.execute("SELECT value FROM meta WHERE key = 'snapshot'").fetchone()
         rows = db.execute("SELECT body FROM log WHERE kind = 'ledger:noisy' ORDER BY seq").fetchall()
-    return [json.loads(bytes(b))["key"] for (b,) in rows]
+    moved = [] if snap is None else [body["key"] for body in json.loads(snap[0])["ledger"]["noisy"]]
+    return moved + [json.loads(bytes(b))["key"] for (b,) in rows]
 
 
 class Capture:

@@ -24,6 +24,8 @@
 - `site_data`: a site's records from its CSV or ``.npz`` file.
 - `site_log`: what a site agent logs (split records, ledger entries) and reading it back.
 - `site_answers`: a site's answers, computed once and logged before they are sent.
+- `site_compaction`: a site's log as a snapshot (ledger, noise state, round numbers, ended runs) plus
+  its live runs' rounds; restored on start.
 - `site_agent`: the site-agent process (outbound connections only) on top of them.
 - `party_process`: stopping a party process on a signal or EOF, announcing readiness.
 - `remote_study`: `RemoteStudy`, the analyst's `Study` over the network.

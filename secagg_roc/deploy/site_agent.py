@@ -206,7 +206,7 @@ class SiteAgent(SiteAnswers):
         number = entry.number
         loop = asyncio.get_running_loop()
         async with self._lock:
-            cached = self.answers.get(number)
+            cached = self._cached(message)  # a retired number gets its refusal
             if cached is None:
                 await self._await_previous(message)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)

@@ -25,8 +25,9 @@ and the operator's consent to the non-private mode, and for each round:
   combines the aggregators' shares itself and moves the site's copy of the
   plan on.
 
-On restart the log is replayed in order (`_replay`): the ledger entries into
-a fresh ledger, the noise generator's state, then `Site.restore` of every
+On restart the log is replayed in order (`_replay`): the snapshot of a
+compacted log first (`site_compaction`), the ledger entries into
+the ledger, the noise generator's state, then `Site.restore` of every
 answered round with its logged release (rebuilding the runs and plans without
 computing anything again). Share randomness always comes from the operating
 system; DP noise from ``site_noise_rng(seed, site)`` (OS-seeded unless a seed
@@ -53,6 +54,7 @@ from ..study import site_noise_rng
 from .config_schema import SiteConfig, StudyConfig, with_article
 from .http_protocol import ERROR_CLASSES, pack_frames, unpack_frames
 from .site_data import load_site_data
+from .site_compaction import SiteCompactor
 from .site_pairwise import LOG_KIND as PAIRWISE, SitePairwise
 from .site_log import LEDGER_PREFIX, SPLIT_FORMAT, default_state_path, split_mismatch, split_record, split_round
 from .store import Store
@@ -152,15 +154,18 @@ class SiteAnswers:
         self.on_answer: Callable[[int, str], None] | None = None  # for tests and logs
         #: Pairwise masking's key agreements of this site (logged in the same store).
         self.pairwise = SitePairwise(self)
+        #: Keeps the log bounded: a snapshot of the settled past plus the live rounds' entries.
+        self.compactor = SiteCompactor(self)
 
     # -- the log -----------------------------------------------------------------
 
     def _replay(self) -> None:
         """Rebuild the ledger, the noise generator, the answers and the runs from the log (see the module docstring)."""
         n_aggs = len(self.config.aggregators)
-        order: list[int] = []
+        order: list[tuple[int, int]] = []  # (seq, number) of the answers
         releases: dict[int, list[Message]] = {}
         rng_state = None
+        self.compactor.restore()  # the snapshot first: the entries it left are the live rounds' and newer ones
         for entry in self.store.entries():
             kind, number = entry.kind, entry.number
             if kind == "query":
@@ -174,7 +179,8 @@ class SiteAnswers:
                 if record.get("format") != SPLIT_FORMAT:
                     raise ConfigError(f"{self.store.path}: round {number}: unknown answer format {record.get('format')!r}")
                 self.answers[number] = _Answer(split_round(record), "shares", None, record)
-                order.append(number)
+                self.settled.discard(number)
+                order.append((entry.seq, number))
             elif kind == "refusal":
                 frames = unpack_frames(entry.body)
                 self.answers[number] = _Answer(frames[0].round_id, "refusal", [list(frames) for _ in range(n_aggs)])
@@ -190,7 +196,9 @@ class SiteAnswers:
         if rng_state is not None:
             self.data.rng.bit_generator.state = json.loads(rng_state)
             self._logged_rng = rng_state
-        for number in order:
+        for seq, number in order:
+            if seq > self.compactor.upto:
+                self.compactor.reorder()  # the snapshot's runs are all back: later joins come after them
             query = self.queries.get(number)
             if query is None:
                 raise ConfigError(f"{self.store.path}: round {number} has an answer but no logged query")
@@ -204,6 +212,12 @@ class SiteAnswers:
             if release is not None:
                 self.settled.add(number)
                 self.pairwise.forget(number)
+        self.compactor.reorder()
+        self.compactor.settled()  # on start: an old log, or one a crash left long
+
+    def _cached(self, query: Query) -> _Answer | None:
+        """This site's answer to `query`'s round number so far: logged, or the refusal of a retired number."""
+        return self.answers.get(query.round_id.number) or self.compactor.refusal(query)
 
     def _index(self, number: int, query: Query) -> None:
         """Remember that round `number` answered its run's step (for `SiteAgent._await_previous`)."""
@@ -232,6 +246,7 @@ class SiteAnswers:
                 if rng != self._logged_rng:
                     rows.append(("rng", number, rng.encode()))
                 self.store.append_many(rows)
+                self.compactor.note(sum(len(r[2]) for r in rows))
                 self._logged_rng = rng
                 logged["record"] = record
 
@@ -247,7 +262,8 @@ class SiteAnswers:
             except BaseException:
                 self._undo(query, rng_before)  # e.g. the disk is full: nothing was sent, try again later
                 raise
-        self.answers[number] = answer
+            self.answers[number] = answer
+            self.compactor.maybe()  # e.g. an analyst sending only rounds this site refuses
         if self.on_answer is not None:
             self.on_answer(number, answer.kind)
         log.info("answered %s (%s) with %s", rid, query.name, answer.kind)
@@ -265,7 +281,9 @@ class SiteAnswers:
         """Log a refusal of `query` (before it is sent) and return it as this site's answer."""
         rid = query.round_id
         request = StatusRequest(rid)
-        self.store.append("refusal", rid.number, b"".join(pack_frames([request, reply])))
+        body = b"".join(pack_frames([request, reply]))
+        self.store.append("refusal", rid.number, body)
+        self.compactor.note(len(body))
         hint = " (`secagg-roc site check` shows what in the data file keeps this site out)" if query.name == JOIN else ""
         log.warning("refused %s (%s): %s%s", rid, query.name, reply.text, hint)
         return _Answer(rid, "refusal", [[request, reply] for _ in range(len(self.config.aggregators))])
@@ -311,10 +329,11 @@ class SiteAnswers:
     def _take_release(self, number: int, shares: list) -> None:
         """Log a round's release, then move the site's copy of its run on with it (in a worker thread)."""
         with self._site_lock:
-            if number in self.settled:
+            if number in self.settled or number not in self.queries:  # or forgotten by a compaction
                 return
             # Not fsync'd: after a power loss a release is fetched again from the aggregators.
-            self.store.append("release", number, b"".join(pack_frames(shares)), durable=False)
+            body = b"".join(pack_frames(shares))
+            self.store.append("release", number, body, durable=False)
             self.settled.add(number)
             try:
                 self.site.receive_release(shares)
@@ -323,3 +342,5 @@ class SiteAnswers:
                 log.error("the release of round %d cannot be taken in: %s: %s", number, type(exc).__name__, exc)
             else:
                 log.info("took in the release of round %d", number)
+            self.compactor.note(len(body), settled=True)
+            self.compactor.maybe()

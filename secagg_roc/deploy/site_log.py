@@ -13,7 +13,9 @@ An answer is logged as its split, not its share vectors (`split_record`): a
 few hundred bytes of seeds and digests, enough to re-create the identical
 shares from the same data after a restart and to check that they are
 identical (`split_mismatch`). ``secagg-roc site check`` reads the site's
-ledger from the log (`read_ledger`).
+ledger from the log (`read_ledger`). The log is compacted as rounds settle
+(`site_compaction`): the ledger, the noise state and what else must be kept
+move into a snapshot; the live runs' entries stay.
 """
 
 from __future__ import annotations
@@ -60,7 +62,15 @@ def read_ledger(path: str | os.PathLike[str], policy: Policy, site: str) -> Ledg
     if not path.exists():
         return ledger
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        # One read transaction: a compaction commits the snapshot and the deletions together.
+        db.execute("BEGIN")
+        snap = db.execute("SELECT value FROM meta WHERE key = 'snapshot'").fetchone()
         rows = db.execute("SELECT kind, body FROM log WHERE kind LIKE 'ledger:%' ORDER BY seq").fetchall()
+        db.execute("COMMIT")
+    if snap is not None:  # a compacted log: the ledger up to the snapshot is in it (`site_compaction`)
+        from .site_compaction import restore_ledger
+
+        restore_ledger(ledger, json.loads(snap[0])["ledger"])
     for kind, body in rows:
         ledger.apply(LedgerEntry(kind[len(LEDGER_PREFIX):], bytes(body)))
     return ledger

@@ -34,13 +34,15 @@ was committed is never referenced and is removed on the next open. Schema 2
 adds the ``file`` and ``size`` columns; a schema 1 database is upgraded in
 place when opened (an older build then refuses it instead of misreading it).
 
-Compaction (`compact`, used by the aggregators: see `compaction`): a party may
+Compaction (`compact`, used by the aggregators, see `compaction`, and the sites, see `site_compaction`): a party may
 replace the past of its log by a *snapshot* of its state, kept in ``meta``,
 in ONE transaction that writes the snapshot and deletes the entries it
 stands for (those up to its ``upto`` sequence number, except the ones the
 party names to keep); side files of deleted entries are unlinked only after
-the commit. A kill -9 at any point leaves either the old log or the
-snapshot and its kept entries, never a mixture; the side files of a crash
+the commit, and the WAL is then checkpointed and truncated (it would keep
+its largest size, up to SQLite's 1000-page autocheckpoint: 64 MB). A kill -9
+at any point leaves either the old log or the snapshot and its kept entries,
+never a mixture; the side files of a crash
 between commit and unlink are orphans, removed on the next open. Schema 3
 marks a database that may hold a snapshot (schemas 1 and 2 are upgraded in
 place), so that a build which would replay the log without it refuses the file.
@@ -277,6 +279,11 @@ class Store:
         with self._lock:
             return int(self._db.execute("SELECT coalesce(max(seq), 0) FROM log").fetchone()[0])
 
+    def numbers(self, upto: int) -> set[int]:
+        """The round numbers of the entries with ``seq <= upto``."""
+        with self._lock:
+            return {int(n) for (n,) in self._db.execute("SELECT DISTINCT number FROM log WHERE seq <= ?", (upto,))}
+
     def compact(self, snapshot: str, upto: int, *, keep_numbers: dict[str, list[int]],
                 keep_seqs: list[int], renumber: list[tuple[int, int]] = ()) -> int:
         """Store `snapshot` and delete the entries with ``seq <= upto`` it stands for: all of them but
@@ -306,6 +313,8 @@ class Store:
                 raise
         for name in files:  # after the commit: a crash here leaves orphans, removed on the next open
             (self.blobs / name).unlink(missing_ok=True)
+        with self._lock:  # the WAL file keeps its largest size (64 KiB pages: ~64 MB) unless truncated
+            self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         return int(deleted)
 
     def disk_bytes(self) -> int:
