@@ -342,3 +342,27 @@ def test_a_site_answers_one_unmask_request_per_round_even_after_a_restart(tmp_pa
 def test_a_pairwise_study_file_with_a_bad_setting_is_one_clear_error(tmp_path, settings, n, message) -> None:
     with pytest.raises(ConfigError, match=message):
         loopback_study(tmp_path, ["s1", "s2"], n, **settings)
+
+
+def test_a_site_keeps_a_bounded_number_of_unsettled_key_agreements(tmp_path) -> None:
+    """Rounds abandoned after their key agreement (an analyst that never closes them) do not pile up at a
+    site: beyond `keep` the oldest are forgotten, in memory, after a restart, and in the compacted log."""
+    data = make_data(3, {"site-a": 12, "site-b": 15, "site-c": 20})
+    cfg = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise").prepare()
+    state = tmp_path / "a.sqlite"
+    answers = SiteAnswers(cfg, "site-a", state_path=state)
+    keep = answers.pairwise.keep
+    assert keep == 4 * cfg.max_open_rounds
+    for number in range(1, keep + 11):
+        c = PairwiseClient(0, number.to_bytes(16, "big"), 2, {1, 2})
+        c.advertise_keys()
+        answers.pairwise._log(number, c)
+    assert sorted(answers.pairwise.logged) == list(range(11, keep + 11))
+    answers.store.close()
+    again = SiteAnswers(cfg, "site-a", state_path=state)  # a restart replays, then compacts its log
+    again._replay()
+    assert sorted(again.pairwise.logged) == list(range(11, keep + 11))
+    again.compactor.compact()
+    with sqlite3.connect(state) as db:
+        numbers = {n for (n,) in db.execute("SELECT number FROM log WHERE kind = 'pairwise'")}
+    assert numbers == set(range(11, keep + 11))

@@ -208,7 +208,10 @@ class SiteCompactor:
             # Only the numbers the snapshot stands for go: a refusal the event loop logged a moment ago
             # (pairwise masking's, not under the site's lock) stays until the next time.
             keep = sorted(self.store.numbers(upto) - self._gone)
-            dropped = self.store.compact(text, upto, keep_numbers={kind: keep for kind in _LIVE_KINDS}, keep_seqs=[])
+            keep_numbers = {kind: keep for kind in _LIVE_KINDS}
+            # A key agreement the site forgot unanswered (`SitePairwise._trim`: its round was abandoned) goes too.
+            keep_numbers[PAIRWISE] = [n for n in keep if n in live or n in a.answers]
+            dropped = self.store.compact(text, upto, keep_numbers=keep_numbers, keep_seqs=[])
         self.retired_max = int(snap["retired_max"])  # only once the snapshot that forgets them is durable
         self._forget(live)
         self.upto, self._pending = upto, [0, 0]

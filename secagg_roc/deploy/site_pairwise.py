@@ -63,6 +63,8 @@ class SitePairwise:
         self.received: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self._unmasking: set[int] = set()
+        #: Key agreements held at most (the aggregator keeps at most max_open_rounds rounds open at once).
+        self.keep = 4 * answers.config.max_open_rounds
         config = answers.config
         if config.scheme == "pairwise":
             me = next(s for s in config.sites if s.name == answers.name)
@@ -77,6 +79,7 @@ class SitePairwise:
         self.logged[number] = record
         if json.loads(record["client"])["phase"] == "received":
             self.received[number] = record["client"].encode()
+        self._trim()
 
     def _log(self, number: int, client: PairwiseClient, sent: bytes = b"") -> None:
         """Log the client's state (and what it is about to send) durably, before it is sent."""
@@ -86,6 +89,14 @@ class SitePairwise:
             self.logged[number] = record
             if client._phase == "received":  # noqa: SLF001 (the phase names a snapshot's use)
                 self.received[number] = record["client"].encode()
+            self._trim()
+
+    def _trim(self) -> None:
+        """Bounded: beyond `keep` key agreements not yet settled (rounds abandoned before their release), the
+        oldest are forgotten, and compaction then drops their entries. A forgotten round that was still open
+        only loses this site's unmask answer: it counts as a dropout; nothing is revealed."""
+        while len(self.logged) > self.keep:
+            self.forget(min(self.logged))
 
     def forget(self, number: int) -> None:
         """A settled round's client is not needed any more (its secrets stay only in the log)."""
