@@ -195,7 +195,33 @@ class Site:
                 f"site {self.name!r}: round {number} of run {run!r} names the contributor set "
                 f"{params.get('contributors')!r}, not the one of the join release it received"
             )
+        self._vet_ledger(info, step)
         return again, None, info, step
+
+    def _vet_ledger(self, info: RunInfo, step: Step) -> None:
+        """The ledger's checks of a step, before anything is computed (`_exact` and `_per_site` make them
+        again where they charge): the exact-release rules, and the budget of a new DP release."""
+        spec = lookup(step.query)
+        if step.release != "dp":
+            self.ledger.check_exact(info.contributors, info.records, self.data_digest)
+            if spec.charge is None:
+                return
+        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
+        if self.ledger.lookup(hashlib.sha256(blob.encode()).hexdigest()) is not None:
+            return  # a repeat: replayed from the ledger, never charged again
+        params = step.params
+        if step.release != "dp":
+            self.policy.check_pure_dp(params.get("epsilon"))
+            self.ledger.check_charge(spec.charge(params))
+        elif params.get("non_private") is True:
+            self._check_consent({"mode": "non-private"})
+            self.policy.check_non_private()
+        else:
+            request = self.policy.check_dp(params.get("epsilon"), params.get("delta"), params.get("l2_sensitivity"),
+                                           params.get("mechanism"))
+            assert self.policy.dp is not None
+            self.ledger.check_charge(Charge.gaussian(request.sigma, self.policy.dp.l2_sensitivity, request.epsilon,
+                                                     request.delta))
 
     def _join_shares(self, query: Query, seeds: Mapping[int, bytes] | None) -> list:
         """The join's shares: a 1 for this site, with its record count."""
@@ -230,7 +256,7 @@ class Site:
 
     def _exact(self, query: Query, info: RunInfo, number: int, step: Step, seeds, replay: bool = False
                ) -> tuple[list, list]:
-        self.ledger.check_exact(info.contributors, info.records, self.data_digest)
+        # (The ledger's exact-release rules were checked by `_vet`, before anything was computed.)
         if replay:  # the ledger holds this round's entry already: it was persisted before the shares were sent
             entries: list[LedgerEntry] = []
         else:

@@ -167,7 +167,7 @@ class Compactor:
         if text is not None:
             try:
                 restore(state, json.loads(text))
-            except (ValueError, KeyError, TypeError, SecAggError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError, SecAggError) as exc:  # any damage: one clear error
                 raise ConfigError(f"{self.store.path}: its snapshot cannot be restored: {exc}; the database is "
                                   "damaged or was written by another study definition") from None
         n = 0

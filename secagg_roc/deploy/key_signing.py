@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from ..errors import ConfigError, MessageError
 from ..pairwise.messages import AdvertiseKeys
 from .pki import party_identity
+from .revocation import RevocationList
 
 __all__ = ["KeySigner", "KeyVerifier"]
 
@@ -56,17 +57,19 @@ class KeySigner:
 class KeyVerifier:
     """Run by each Site and by the server: refuses keys not signed by the site they claim to be."""
 
-    def __init__(self, study: str, ca_cert: Path, sites: Iterable[str]):
+    def __init__(self, study: str, ca_cert: Path, sites: Iterable[str], crl: Path | None = None):
         self.study = study
         self.ca = x509.load_pem_x509_certificate(Path(ca_cert).read_bytes())
+        #: The study's revocation list, if this party has it (a stolen site key is revoked there).
+        self.revoked = None if crl is None else RevocationList(crl, ca_cert)
         #: Site id in a round (its index among the study's sites, sorted) -> its name.
         self.names = dict(enumerate(sorted(sites)))
         self._issued = lru_cache(maxsize=4 * len(self.names) + 8)(self._issued_by_ca)
 
     def check(self, keys: AdvertiseKeys, *, valid_now: bool = True) -> None:
         """`MessageError` naming the problem unless `keys` are signed by the site they name. The server
-        passes ``valid_now=False``: its log replays the same way on any later day (expiry is the sites' check,
-        made live)."""
+        passes ``valid_now=False``: its log replays the same way on any later day (expiry and revocation are
+        the sites' checks, made live; TLS already keeps a revoked site from posting)."""
         name = self.names.get(keys.site)
         if name is None:
             raise MessageError(f"pairwise keys of an unknown site id {keys.site}")
@@ -75,6 +78,8 @@ class KeyVerifier:
         cert = self._issued(bytes(keys.certificate))
         if valid_now and not cert.not_valid_before_utc <= dt.datetime.now(dt.timezone.utc) <= cert.not_valid_after_utc:
             raise MessageError(f"the pairwise keys of site {name!r} are signed with a certificate not valid now")
+        if valid_now and self.revoked is not None and self.revoked.is_revoked(bytes(keys.certificate)):
+            raise MessageError(f"the pairwise keys of site {name!r} are signed with a revoked certificate")
         try:
             identity = party_identity(cert)
         except ConfigError as exc:

@@ -120,7 +120,7 @@ class SiteCompactor:
             return
         try:
             self._restore(json.loads(text))
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # any damage: one clear error
             raise ConfigError(f"{self.store.path}: its snapshot cannot be restored: {exc}; the database is "
                               "damaged or was written by another version") from None
 

@@ -69,7 +69,7 @@ class SitePairwise:
         if config.scheme == "pairwise":
             me = next(s for s in config.sites if s.name == answers.name)
             self.signer = KeySigner(config.study_id, me.cert, me.key)
-            self.verifier = KeyVerifier(config.study_id, config.ca_cert, (s.name for s in config.sites))
+            self.verifier = KeyVerifier(config.study_id, config.ca_cert, (s.name for s in config.sites), config.ca_crl)
 
     # -- the log ------------------------------------------------------------------
 
