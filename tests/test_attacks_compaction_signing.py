@@ -1,0 +1,183 @@
+"""Red team of signed pairwise keys (`deploy.key_signing`): a malicious server or site tries to get keys
+accepted that the named site did not sign (another round, another study, another role, an expired or revoked
+certificate, a malleated signature, a crafted identity, an oversize certificate).
+
+Real certificates from the study's own CA code (`deploy.pki`), real ECDSA. Blocked attacks are plain tests;
+weaknesses found are ``xfail(strict=True)`` tests asserting the secure behaviour (reason "VULN: ...")."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature, encode_dss_signature
+from cryptography.x509.oid import NameOID
+
+from secagg_roc.deploy import pki
+from secagg_roc.deploy.key_signing import KeySigner, KeyVerifier
+from secagg_roc.deploy.revocation import write_crl
+from secagg_roc.errors import MessageError
+from secagg_roc.pairwise import PairwiseClient
+from secagg_roc.pairwise.messages import AdvertiseKeys, NeighbourKeys
+
+STUDY = "study-red"
+SITES = ("site-a", "site-b", "site-c", "site-d")
+TAG = b"study-red/7/rt"
+# Order of the P-256 group: (r, s) and (r, N - s) both verify.
+P256_N = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551
+
+
+class Study:
+    """A study CA and its parties' keys and certificates, written as `secagg-roc keys` lays them out."""
+
+    def __init__(self, root: Path, study: str = STUDY):
+        self.root, self.study = root, study
+        self.ca_key, self.ca = pki._make_ca(study)
+        self.ca_path = root / "ca.pem"
+        self.ca_path.write_bytes(pki._cert_pem(self.ca))
+        self.certs: dict[tuple[str, str], x509.Certificate] = {}
+        for name in SITES:
+            self.issue("site", name)
+        self.issue("aggregator", "agg-0")
+        self.issue("analyst", "analyst")
+
+    def issue(self, role: str, name: str, cert: x509.Certificate | None = None,
+              key: ec.EllipticCurvePrivateKey | None = None) -> KeySigner:
+        if cert is None:
+            key, cert = pki._issue(self.ca_key, self.ca, self.study, role, name, None)
+        assert key is not None
+        d = self.root / f"{role}-{name}".replace("\n", "_")
+        d.mkdir(exist_ok=True)
+        (d / "cert.pem").write_bytes(pki._cert_pem(cert)), (d / "key.pem").write_bytes(pki._key_pem(key))
+        self.certs[role, name] = cert
+        return KeySigner(self.study, d / "cert.pem", d / "key.pem")
+
+    def signer(self, role: str, name: str) -> KeySigner:
+        d = self.root / f"{role}-{name}"
+        return KeySigner(self.study, d / "cert.pem", d / "key.pem")
+
+    def verifier(self) -> KeyVerifier:
+        return KeyVerifier(self.study, self.ca_path, SITES)
+
+
+def _keys(site: int, tag: bytes = TAG) -> AdvertiseKeys:
+    return PairwiseClient(site, tag, 3, set(range(len(SITES))) - {site}).advertise_keys()
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory: pytest.TempPathFactory) -> Study:
+    return Study(tmp_path_factory.mktemp("pki"))
+
+
+def test_honest_keys_verify_and_any_change_to_a_signed_field_is_refused(study: Study) -> None:
+    v = study.verifier()
+    honest = study.signer("site", "site-c").sign(_keys(2))
+    v.check(honest)
+    for field, value in (("c_public", _keys(2).c_public), ("s_public", _keys(2).s_public),
+                         ("round_tag", b"study-red/8/rt"), ("site", 1)):
+        with pytest.raises(MessageError):
+            v.check(dataclasses.replace(honest, **{field: value}))
+
+
+def test_keys_replayed_from_another_study_or_round_are_refused(study: Study, tmp_path: Path) -> None:
+    """A site's signed keys of round 6 replayed in round 7 fail verification if re-tagged, and the pairwise
+    client refuses keys whose (signed) round tag is not its round's; keys signed for another study (same site
+    name, same CA code, another study id) fail the study check."""
+    old = study.signer("site", "site-b").sign(_keys(1, tag=b"study-red/6/rt"))
+    study.verifier().check(old)  # a valid signature, but for round 6
+    with pytest.raises(MessageError, match="does not verify"):
+        study.verifier().check(dataclasses.replace(old, round_tag=TAG))
+    me = PairwiseClient(0, TAG, 3, {1, 2, 3})
+    me.advertise_keys()
+    relayed = NeighbourKeys(TAG, 0, (old, *(_keys(i) for i in (2, 3))))
+    with pytest.raises(Exception, match="(?i)round|tag"):
+        me.share_keys(relayed)
+    other = Study(tmp_path, study="study-other")
+    foreign = other.signer("site", "site-b").sign(_keys(1))
+    with pytest.raises(MessageError, match="did not issue|not by that site"):
+        study.verifier().check(foreign)
+    # same CA, a certificate naming another study: refused on the identity
+    key, cert = pki._issue(study.ca_key, study.ca, "study-other", "site", "site-b", None)
+    cross = study.issue("site", "site-b-x", cert, key).sign(_keys(1))
+    with pytest.raises(MessageError, match="not by that site"):
+        study.verifier().check(cross)
+
+
+def test_a_certificate_of_another_role_or_site_is_refused(study: Study) -> None:
+    v = study.verifier()
+    for role, name in (("aggregator", "agg-0"), ("analyst", "analyst"), ("site", "site-a")):
+        forged = study.signer(role, name).sign(_keys(3))
+        with pytest.raises(MessageError, match="not by that site"):
+            v.check(forged)
+
+
+def _crafted(study: Study, uri: str, *, not_after: dt.datetime | None = None
+             ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+    """A certificate the study CA signed with a hand-written SAN URI (a CA mistake, or a crafted request)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "crafted")]))
+            .issuer_name(study.ca.subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=2))
+            .not_valid_after(not_after or now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]), critical=False)
+            .sign(study.ca_key, hashes.SHA256()))
+    return key, cert
+
+
+def test_a_name_with_a_trailing_newline_or_a_second_identity_is_refused(study: Study) -> None:
+    v = study.verifier()
+    for i, uri in enumerate((f"secagg-roc://{STUDY}/site/site-d\n", f"secagg-roc://{STUDY}/site/site-d/x",
+                             f"secagg-roc://{STUDY}/Site/site-d")):
+        key, cert = _crafted(study, uri)
+        signed = study.issue("site", f"crafted-{i}", cert, key).sign(_keys(3))
+        with pytest.raises(MessageError, match="malformed identity|not by that site"):
+            v.check(signed)
+
+
+def test_an_expired_certificate_is_refused_by_sites_and_accepted_only_by_the_servers_replayable_check(
+        study: Study) -> None:
+    key, cert = _crafted(study, f"secagg-roc://{STUDY}/site/site-d",
+                         not_after=dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
+    signed = study.issue("site", "expired-d", cert, key).sign(_keys(3))
+    with pytest.raises(MessageError, match="not valid now"):
+        study.verifier().check(signed)  # what every site runs on the keys it is relayed
+    study.verifier().check(signed, valid_now=False)  # the server's log replay: by design, sites re-check
+
+
+def test_a_malleated_signature_still_names_the_same_keys(study: Study) -> None:
+    """ECDSA (r, s) -> (r, N - s) verifies too; a relay could re-encode a site's signature. Harmless here: the
+    signed bytes (study, round, site, both keys) are unchanged and nothing keys on the signature bytes."""
+    honest = study.signer("site", "site-a").sign(_keys(0))
+    r, s = decode_dss_signature(honest.signature)
+    twin = dataclasses.replace(honest, signature=encode_dss_signature(r, P256_N - s))
+    assert twin.signature != honest.signature
+    study.verifier().check(twin)
+    assert twin.signed_bytes(STUDY) == honest.signed_bytes(STUDY)
+    for junk in (b"\x00", honest.signature + b"\x00", b"\x30" * 72):
+        with pytest.raises(MessageError, match="does not verify"):
+            study.verifier().check(dataclasses.replace(honest, signature=junk))
+
+
+def test_an_oversize_or_garbage_certificate_is_refused_with_a_clear_error(study: Study) -> None:
+    honest = study.signer("site", "site-a").sign(_keys(0))
+    for junk in (b"\x00" * (1 << 20), b"\x30\x82\xff\xff" + b"\x00" * 100, honest.certificate[:-1]):
+        with pytest.raises(MessageError, match="did not issue"):
+            study.verifier().check(dataclasses.replace(honest, certificate=junk))
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: KeyVerifier never reads the study's crl.pem: keys signed with a "
+                   "revoked site certificate (a stolen site key) are accepted by the relay and by every site")
+def test_keys_signed_with_a_revoked_certificate_are_refused(study: Study) -> None:
+    stolen = study.certs["site", "site-b"]
+    write_crl(study.root / "crl.pem", study.ca_key, study.ca, {stolen.serial_number: dt.datetime.now(dt.timezone.utc)})
+    forged = study.signer("site", "site-b").sign(_keys(1))  # whoever holds the revoked key
+    with pytest.raises(MessageError, match="revoked"):
+        study.verifier().check(forged)
