@@ -317,3 +317,51 @@ def test_a_site_snapshot_that_is_not_an_object_fails_with_a_clear_error(tmp_path
     _damage_site(site, "[]")
     with pytest.raises(ConfigError, match="snapshot cannot be restored"):
         site.restart()
+
+
+# -- checks before keys (`Site.vet`, run by `SitePairwise.agree` before any key is made) ------------------------
+
+
+def _vetted_then_refused(tmp_path: Path, script) -> list[tuple[str, str]]:
+    """Drive `script` (analysis, args) through deployed sites; for site-a, every round that `Site.vet` let
+    through (so a pairwise site would make and share keys for it) but whose answer was then a refusal."""
+    from test_site_compaction import DeployedSite, dp_study
+
+    cfg, _ = dp_study(tmp_path)
+    sites = {s: DeployedSite(cfg, s, tmp_path / "state" / f"{s}.sqlite", restart=False) for s in AGG_SITES}
+    from test_deploy_state import pair
+
+    study = StateStudy(pair(cfg, tmp_path / "d"), sites, cfg.policy)
+    site, answer, found = sites["site-a"], sites["site-a"].answer, []
+
+    def vetted_answer(query):
+        try:
+            site.agent.site.vet(query)
+        except PolicyError:
+            return answer(query)  # refused before keys: fine
+        try:
+            return answer(query)
+        except PolicyError as exc:
+            found.append((query.name, str(exc)))
+            raise
+
+    site.answer = vetted_answer
+    for analysis, args in script:
+        try:
+            study.run(analysis, **args)
+        except SecAggError:
+            pass
+    return found
+
+
+from secagg_roc.errors import SecAggError  # noqa: E402
+from test_deploy_state import StateStudy  # noqa: E402
+
+
+@pytest.mark.xfail(strict=True, reason="VULN (low): Site.vet checks policy and plan but not the ledger (DP budget, "
+                   "exact-release checks), so a pairwise site makes and shares keys for a DP round that its answer "
+                   "then refuses over the budget (site.py Site._vet)")
+def test_a_round_over_the_dp_budget_is_refused_before_any_key_is_made(tmp_path: Path) -> None:
+    found = _vetted_then_refused(tmp_path, [("rocglm", {"label": "y", "score": "s"}),
+                                            ("rocglm", {"label": "y", "score": "s2"})])
+    assert found == []
