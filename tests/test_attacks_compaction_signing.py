@@ -187,7 +187,7 @@ def test_keys_signed_with_a_revoked_certificate_are_refused(study: Study) -> Non
 # -- log compaction of an aggregator (`deploy.compaction`): real SQLite, the service's apply/append/compact ----
 
 from secagg_roc.deploy.store import Store  # noqa: E402
-from secagg_roc.errors import ConfigError, PolicyError, RoundError  # noqa: E402
+from secagg_roc.errors import ConfigError, PolicyError, PrivacyError, RoundError  # noqa: E402
 from secagg_roc.messages import CloseRound  # noqa: E402
 
 from test_deploy_compaction import KEEP, config  # noqa: E402,F401  (the fixture: few settled rounds kept)
@@ -365,3 +365,20 @@ def test_a_round_over_the_dp_budget_is_refused_before_any_key_is_made(tmp_path: 
     found = _vetted_then_refused(tmp_path, [("rocglm", {"label": "y", "score": "s"}),
                                             ("rocglm", {"label": "y", "score": "s2"})])
     assert found == []
+
+
+def test_a_held_release_is_not_re_sent_over_another_set_after_compaction_and_restart(
+        config, tmp_path: Path) -> None:  # noqa: F811
+    """The analyst re-sends the close of a released round (still held for the sites) over a smaller set after a
+    compaction and a restart: refused; the same set gets the identical release."""
+    aggs = [Aggregator(config, f"agg-{j + 1}", tmp_path / f"agg-{j + 1}.sqlite") for j in range(2)]
+    sites = make_sites(config)
+    first = run_round(aggs, join(config, 0, run="run-1"), sites, AGG_SITES)
+    aggs = [a.restart() for a in aggs]
+    counts = [a.store.count() for a in aggs]
+    for a, share in zip(aggs, first):
+        for other in (("site-a", "site-b"), ("site-a", "site-b", "site-c", "site-d")):
+            with pytest.raises((PrivacyError, RoundError), match="released over|unknown site|not a site"):
+                a.apply("close", CloseRound(share.round_id, other))
+        assert a.apply("close", CloseRound(share.round_id, tuple(AGG_SITES))).reply == share
+    assert [a.store.count() for a in aggs] == counts
