@@ -206,8 +206,7 @@ class Site:
             self.ledger.check_exact(info.contributors, info.records, self.data_digest)
             if spec.charge is None:
                 return
-        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
-        if self.ledger.lookup(hashlib.sha256(blob.encode()).hexdigest()) is not None:
+        if self.ledger.lookup(self._release_key(step)) is not None:
             return  # a repeat: replayed from the ledger, never charged again
         params = step.params
         if step.release != "dp":
@@ -273,11 +272,15 @@ class Site:
         shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
         return shares, entries
 
+    def _release_key(self, step: Step) -> str:
+        """The ledger's key of a DP release: this study, the step's query and parameters, this site's data."""
+        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()
+
     def _noised_sum(self, info: RunInfo, number: int, step: Step, replay: bool) -> tuple[Mapping, int, list]:
         """A summed release this site noises itself (distributed DP): replayed from the ledger, or
         checked against the policy, charged, drawn once and recorded (as `_per_site` does)."""
-        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
-        key = hashlib.sha256(blob.encode()).hexdigest()
+        key = self._release_key(step)
         stored = self.ledger.lookup(key)
         if stored is not None:
             return stored.values, self.data.records(), []  # a repeat: the same noisy values, never new noise
@@ -298,8 +301,7 @@ class Site:
         if step.params.get("non_private") is True:
             # Whatever analysis asks for it: exact per-site values need the operator's consent too.
             self._check_consent({"mode": "non-private"})
-        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
-        key = hashlib.sha256(blob.encode()).hexdigest()
+        key = self._release_key(step)
         stored = self.ledger.lookup(key)
         entries: list[LedgerEntry] = []
         if stored is not None:
