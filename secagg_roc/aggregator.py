@@ -153,9 +153,10 @@ class Aggregator:
         if rid.study != self.study:
             raise RoundError(f"message for study {rid.study!r}; this aggregator serves {self.study!r}")
 
-    def check_close(self, message: CloseRound) -> bool:
-        """Every check that can refuse `close(message)`, changing nothing; whether the differencing guard
-        applies (a run's first release of a summed round). Run by an Aggregator before anything acts on a close."""
+    def check_close(self, message: CloseRound) -> tuple[bool, tuple[str, ...], int]:
+        """Every check that can refuse `close(message)`, changing nothing: whether the differencing guard applies
+        (a run's first release of a summed round), the agreed set and its records. Run by an Aggregator before
+        anything acts on a close."""
         r = self.round(message.round_id)
         if not isinstance(message.contributors, (tuple, list)):
             raise MessageError("a contributor set is a sequence of site names")
@@ -173,16 +174,14 @@ class Aggregator:
             # differencing guard could be checked, so nothing is released.
             raise PolicyError(f"run {r.params.get('run')!r} is older than the runs aggregator {self.index} "
                               "keeps; its rounds release nothing")
-        r.check_close(message.contributors)
-        return guarded
+        return (guarded, *r.check_close(message.contributors))
 
     def close(self, message: CloseRound) -> AggregateShare | ForwardedShares:
         """Release round `message.round_id` over its contributors, within its run's rules."""
-        guarded = self.check_close(message)
+        guarded, agreed, total = self.check_close(message)
         r = self.round(message.round_id)
-        agreed = tuple(sorted(message.contributors))
         records = r.site_records(agreed)
-        share = r.close(message.contributors)
+        share = r.release_checked(agreed, total)
         self.runbook.closed(r.query, r.params, agreed)
         if guarded:
             self.disclosures.record(records)

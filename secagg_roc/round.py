@@ -204,7 +204,10 @@ class Round:
 
     def close(self, contributors: tuple[str, ...]) -> AggregateShare | ForwardedShares:
         """Release this aggregator's share of the total over `contributors` (once)."""
-        agreed, records = self.check_close(contributors)
+        return self.release_checked(*self.check_close(contributors))
+
+    def release_checked(self, agreed: tuple[str, ...], records: int) -> AggregateShare | ForwardedShares:
+        """The release over `agreed` once `check_close` passed and gave `agreed` and `records` (checks run once)."""
         if self.released is not None:
             return self.released  # the same release again reveals nothing new
         shares = [self.accepted[s] for s in agreed]

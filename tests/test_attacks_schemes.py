@@ -124,6 +124,17 @@ def _dropouts_study(**kw):
     return sr.Study.local(data, policy=policy, **kw)
 
 
+def _joined_brier_run(**kw):
+    """A Brier run's join, answered by every site and not closed yet: (federation, sites, join query)."""
+    study = _dropouts_study(**kw)
+    fed, sites = study.federation, study.site_objects
+    args = sr.plans.declared(sr.plans.get_plan("brier"), study.policy, {"label": "y", "score": "score"})
+    join = fed._query("run.join", join_params("split", "brier", args, study.policy.digest()), None)
+    fed._open(join)
+    fed._collect(join, sorted(sites), lambda n: sites[n].answer(join))
+    return fed, sites, join
+
+
 @pytest.mark.parametrize("kw", [dict(scheme="shamir", n_aggregators=4, threshold=2),
                                 dict(scheme="shamir", n_aggregators=3, threshold=2)])
 def test_quorums_cannot_release_one_run_over_different_contributor_sets(kw):
@@ -131,12 +142,7 @@ def test_quorums_cannot_release_one_run_over_different_contributor_sets(kw):
     the others. Every later round names the run's set: the sites check it against the join release they
     combined, the aggregators against their own join, so no round of the run releases over both sets.
     (The primitive `secure_sum` round is the researcher's own: it supplies every site's values itself.)"""
-    study = _dropouts_study(**kw)
-    fed, sites = study.federation, study.site_objects
-    args = sr.plans.declared(sr.plans.get_plan("brier"), study.policy, {"label": "y", "score": "score"})
-    join = fed._query("run.join", join_params("split", "brier", args, study.policy.digest()), None)
-    fed._open(join)
-    fed._collect(join, sorted(sites), lambda n: sites[n].answer(join))
+    fed, sites, join = _joined_brier_run(**kw)
     big, small = ("h0", "h1", "h2"), ("h0", "h1")
     half = fed.scheme.n_aggregators // 2
     a = [fed.aggregators[j].close(CloseRound(join.round_id, big)) for j in range(half)]
@@ -427,12 +433,7 @@ def test_crafted_message_fields_raise_message_error(change):
 @pytest.mark.parametrize("kw", [dict(scheme="additive"), dict(scheme="replicated"),
                                 dict(scheme="shamir", n_aggregators=4, threshold=2)])
 def test_a_join_split_across_aggregators_reveals_no_site_record_count(kw):
-    study = _dropouts_study(**kw)
-    fed, sites = study.federation, study.site_objects
-    args = sr.plans.declared(sr.plans.get_plan("brier"), study.policy, {"label": "y", "score": "score"})
-    join = fed._query("run.join", join_params("split", "brier", args, study.policy.digest()), None)
-    fed._open(join)
-    fed._collect(join, sorted(sites), lambda n: sites[n].answer(join))
+    fed, sites, join = _joined_brier_run(**kw)
     big = fed.aggregators[0].close(CloseRound(join.round_id, ("h0", "h1", "h2")))
     small = fed.aggregators[-1].close(CloseRound(join.round_id, ("h0", "h1")))
     with pytest.raises(CombineError):  # what the analyst can NOT do: combine the split releases
