@@ -69,34 +69,39 @@ def coalition_view(scheme: SharingScheme, x: np.ndarray, coalition: Sequence[int
     return seen
 
 
-def looks_uniform_and_input_independent(view_a: list[np.ndarray], view_b: list[np.ndarray], bits: int = 64) -> bool:
+def looks_uniform_and_input_independent(view_a: list[np.ndarray], view_b: list[np.ndarray], bits: int = 64,
+                                        alpha: float = 1e-9) -> bool:
     """Would catch a biased or input-dependent share: each of the low `bits` bit positions balanced (binomial
-    z-test, Bonferroni over 2 * bits tests), and the two views' top 32 bits from one distribution (KS test)."""
+    z-test) and the two views' top 32 bits from one distribution (KS test). `alpha` bounds the chance that a
+    uniform scheme fails (Bonferroni over all the tests); a leaky share fails with p-values far below any
+    such bound, so a small `alpha` costs no power and keeps a test suite from failing at random."""
     def frequencies(vectors: list[np.ndarray]) -> tuple[np.ndarray, int]:
         v = np.concatenate(vectors)
         b = (v[:, None] >> np.arange(bits, dtype=np.uint64)) & np.uint64(1)
         return b.mean(axis=0), v.size
 
     (fa, na), (fb, nb) = frequencies(view_a), frequencies(view_b)
-    z_limit = stats.norm.isf(1e-4 / (2 * bits))
+    z_limit = stats.norm.isf(alpha / 2 / (2 * 2 * bits))  # two-sided, 2 * bits tests, half of alpha
     balanced = all(np.abs(f - 0.5).max() < z_limit * 0.5 / np.sqrt(n) for f, n in ((fa, na), (fb, nb)))
     shift = np.uint64(bits - 32)
     top_a = (np.concatenate(view_a) >> shift).astype(np.float64)
     top_b = (np.concatenate(view_b) >> shift).astype(np.float64)
-    return balanced and stats.ks_2samp(top_a, top_b).pvalue > 1e-4
+    return balanced and stats.ks_2samp(top_a, top_b).pvalue > alpha / 2
 
 
 def check_coalitions_learn_nothing(scheme: SharingScheme, *, d: int = 64, reps: int = 200,
-                                   max_colluding: int | None = None) -> None:
+                                   max_colluding: int | None = None, alpha: float = 1e-9) -> None:
     """Every coalition of `max_colluding` aggregators (default: the scheme's own threat model's figure) sees
-    shares that look uniform and the same for an all-zero input and a large one."""
+    shares that look uniform and the same for an all-zero input and a large one. `alpha` bounds the chance
+    that a scheme that does hide its inputs fails, over all the coalitions together."""
     k = scheme.threat_model.max_colluding_servers if max_colluding is None else max_colluding
     if k == 0:
         raise AssertionError(f"the {scheme.name} scheme protects against no coalition at all")
     inputs = (np.zeros(d, dtype=np.uint64), np.full(d, 2**63 + 12345, dtype=np.uint64))
-    for coalition in itertools.combinations(range(scheme.n_aggregators), k):
+    coalitions = list(itertools.combinations(range(scheme.n_aggregators), k))
+    for coalition in coalitions:
         a, b = (coalition_view(scheme, x, coalition, reps) for x in inputs)
-        assert looks_uniform_and_input_independent(a, b, scheme.element_bits), \
+        assert looks_uniform_and_input_independent(a, b, scheme.element_bits, alpha / len(coalitions)), \
             f"{scheme.name}: aggregators {coalition} together learn something about the input"
 
 
