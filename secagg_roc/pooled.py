@@ -26,10 +26,9 @@ from .stats.results import CalibrationCurve, GlmResult
 from .stats.roc_compare import coords, partial_auc, roc_test
 from .stats.rocglm import DEFAULT_TIES, GLM_NAMES, assemble, resolve_thresholds
 from .stats.rocglm_result import RocGlmResult
+from .stats.rocglm_rows import rocglm_rows
 from .stats.survival import (
     empirical_roc,
-    exact_exceedance_counts,
-    placement_numerators,
     sorted_reference,
     survivor,
     threshold_fractions,
@@ -98,19 +97,10 @@ def rocglm_frame(y, s, thresholds=None, ties: str = DEFAULT_TIES) -> tuple[np.nd
     Placement values are compared with the thresholds exactly, in integers
     (the grid's j/(n-1), or each given float's exact value).
     """
-    from scipy.special import ndtri
-
     y, s = _check(y, s)
     t = resolve_thresholds(thresholds)
     grid = 30 if thresholds is None else (int(thresholds) if isinstance(thresholds, (int, np.integer)) else None)
-    num, den = placement_numerators(sorted_reference(s[y == 0]), s[y == 1], ties=ties)
-    hits = exact_exceedance_counts(num, den, threshold_fractions(t, grid)).astype(float)
-    x = ndtri(t)
-    return (
-        np.concatenate([np.ones_like(t), np.zeros_like(t)]),
-        np.concatenate([x, x]),
-        np.concatenate([hits, num.size - hits]),
-    )
+    return rocglm_rows(sorted_reference(s[y == 0]), s[y == 1], t, threshold_fractions(t, grid), ties)
 
 
 def roc_glm(y, s, thresholds=None, alpha: float = 0.05, ties: str = DEFAULT_TIES) -> RocGlmResult:
@@ -122,7 +112,9 @@ def roc_glm(y, s, thresholds=None, alpha: float = 0.05, ties: str = DEFAULT_TIES
     y, s = _check(y, s)
     t = resolve_thresholds(thresholds)
     resp, x, w = rocglm_frame(y, s, thresholds, ties)
-    glm = fit_glm_arrays(resp, x[:, None], family="probit", weights=w, names=list(GLM_NAMES), response=None)
+    # Newton's method, as the distributed plan (which begins nearer the maximum: both end at it).
+    glm = fit_glm_arrays(resp, x[:, None], family="probit", weights=w, names=list(GLM_NAMES), response=None,
+                         newton=True)
     pl_neg, pl_pos = placements(y, s)
     return assemble(
         glm,

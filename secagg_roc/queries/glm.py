@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..stats.families import check_family, fisher_parts
+from ..stats.families import check_family, fisher_parts, null_parts
 from .common import labels, matrix, param, weights
 from .registry import QueryResult, SiteData, site_query
 
@@ -155,9 +155,8 @@ def glm_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
     return QueryResult({"ssd": ((X - center) ** 2).sum(axis=0)}, records=records)
 
 
-@site_query("glm.fisher", outputs={"score": "float", "info": "float", "deviance": "float"})
-def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Score vector, Fisher information and deviance at the public ``params["beta"]``."""
+def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:
+    """(y, standardized design, weights, beta, family, records) of a Fisher or Newton round."""
     family = params.get("family", "logit")
     try:
         family = check_family(family)
@@ -176,8 +175,23 @@ def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
     beta = np.asarray(params.get("beta", []), dtype=float)
     if beta.shape != (Z.shape[1],) or not np.isfinite(beta).all():
         raise site.fail(f"beta must be {Z.shape[1]} finite numbers (intercept first), got {beta.shape[0]}")
+    return y, Z, w, beta, family, records
+
+
+@site_query("glm.fisher", outputs={"score": "float", "info": "float", "deviance": "float"})
+def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """Score vector, Fisher information and deviance at the public ``params["beta"]``."""
+    y, Z, w, beta, family, records = _at_beta(site, params)
     score, info, dev = fisher_parts(y, Z, w, beta, family)
-    return QueryResult(
-        {"score": score, "info": info, "deviance": np.array([dev])},
-        records=records,
-    )
+    return QueryResult({"score": score, "info": info, "deviance": np.array([dev])}, records=records)
+
+
+@site_query("glm.newton", outputs={"score": "float", "info": "float", "observed": "float", "deviance": "float",
+                                   "null": "float"})
+def glm_newton(site: SiteData, params: dict[str, Any]) -> QueryResult:
+    """What `glm.fisher` gives, plus the observed information (Newton's step) and the null deviance's
+    parts (sum w y, sum w, the saturated term: a Newton fit need not begin at beta = 0)."""
+    y, Z, w, beta, family, records = _at_beta(site, params)
+    score, info, dev, observed = fisher_parts(y, Z, w, beta, family, observed=True)
+    return QueryResult({"score": score, "info": info, "observed": observed, "deviance": np.array([dev]),
+                        "null": null_parts(y, w)}, records=records)

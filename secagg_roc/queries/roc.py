@@ -30,13 +30,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtri
 
 from ..dp.gaussian import gaussian_noise
+from ..stats.rocglm_rows import rocglm_rows
 from ..stats.survival import (
     check_thresholds,
     default_thresholds,
-    exact_exceedance_counts,
     placement_numerators,
     split_squares,
     threshold_fractions,
@@ -116,14 +115,8 @@ def rocglm_design(site: SiteData, spec: dict[str, Any]) -> Design:
             raise ValueError(f"a grid of {grid} points has {len(fractions)} inner thresholds, not {t.size}")
     except (TypeError, ValueError) as exc:
         raise site.fail(str(exc)) from None
-    num, den = placement_numerators(neg_ref, s[y == 1], ties=_ties(site, spec))
-    hits = exact_exceedance_counts(num, den, fractions).astype(np.float64)
-    n1 = float(num.size)
-    x = ndtri(t)
-    resp = np.concatenate([np.ones_like(t), np.zeros_like(t)])
-    X = np.concatenate([x, x])[:, None]
-    w = np.concatenate([hits, n1 - hits])
-    return resp, X, w, int(y.size)
+    resp, x, w = rocglm_rows(neg_ref, s[y == 1], t, fractions, _ties(site, spec))
+    return resp, x[:, None], w, int(y.size)
 
 
 @site_query("rocglm.placement_sums", outputs={k: "int" for k in (

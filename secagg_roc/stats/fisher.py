@@ -16,6 +16,7 @@ import warnings
 from typing import Callable, Generator, Sequence
 
 import numpy as np
+from scipy.special import xlogy
 
 from ..errors import SecAggError
 from .results import GlmResult, NamedArray
@@ -25,8 +26,11 @@ TOL = 1e-8
 #: Fisher steps taken after R's rule is met, while a step still exceeds STEP_TOL.
 POLISH_STEPS = 3
 STEP_TOL = 1e-10
-Evaluate = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray, float]]
-#: Fisher scoring as a conversation: yields coefficients, receives (score, information, deviance).
+#: Newton steps in a row that may be halved because the deviance rose.
+MAX_HALVINGS = 10
+Evaluate = Callable[[np.ndarray], tuple]
+#: Fisher scoring as a conversation: yields coefficients, receives (score, information, deviance[, observed
+#: information for a Newton step]).
 Steps = Generator[np.ndarray, tuple[np.ndarray, np.ndarray, float], tuple[np.ndarray, np.ndarray, float, int, bool, np.ndarray]]
 
 
@@ -81,7 +85,21 @@ def aliased_columns(info: np.ndarray, tol: float = ALIAS_TOL) -> np.ndarray:
     return aliased
 
 
-def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, polish: int = POLISH_STEPS) -> Steps:
+def _solve(matrix: np.ndarray, score: np.ndarray, keep: np.ndarray) -> np.ndarray | None:
+    """The step matrix^-1 score over the columns kept (aliased ones stay 0), or None if it is not usable."""
+    try:
+        if keep.all():  # the usual case: the same solve, without copying the system first
+            step = np.linalg.solve(matrix, score)
+        else:
+            step = np.zeros(score.size)
+            step[keep] = np.linalg.solve(matrix[np.ix_(keep, keep)], score[keep])
+    except np.linalg.LinAlgError:
+        return None
+    return step if bool(np.isfinite(step).all()) else None
+
+
+def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, polish: int = POLISH_STEPS,
+                 start: np.ndarray | None = None) -> Steps:
     """Fisher scoring from beta = 0 with R's deviance stopping rule, one evaluation at a time.
 
     Yields the coefficients at which to evaluate (score, information,
@@ -100,27 +118,40 @@ def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, pol
     by more than 1e-10. Deviance and information are those of the last round
     (at the final estimate they differ by far less than their fixed-point
     rounding). `iterations` counts Fisher steps; it never exceeds `max_iter`.
+
+    Newton's method instead, when the totals received carry a fourth item, the
+    observed information: the step solves with it (the information returned is
+    still the expected one, for R's standard errors), the fit may begin at
+    `start`, it stops as soon as a step moves no coefficient by more than
+    1e-10 (from a start at the maximum: after one round), and a step that
+    raised the deviance is halved, back towards the last point accepted.
     """
-    beta = np.zeros(n_coef)
+    beta = np.zeros(n_coef) if start is None else np.array(start, dtype=float).reshape(n_coef)
+    last = beta  # the last point accepted (its deviance is dev_old)
     dev_old: float | None = None
     met_at: int | None = None
     aliased = np.zeros(n_coef, dtype=bool)
+    halvings = 0
     for it in range(max_iter + 1):
-        score, info, dev = yield beta
+        totals = yield beta
+        score, info, dev = totals[:3]
+        newton = len(totals) > 3
         if not (np.isfinite(score).all() and np.isfinite(info).all() and math.isfinite(dev)):
             raise FitError(f"non-finite score, information or deviance at iteration {it}")
         if it == 0:
             aliased = aliased_columns(info)
         keep = ~aliased
-        try:
-            if keep.all():  # the usual case: the same solve, without copying the system first
-                step = np.linalg.solve(info, score)
-            else:
-                step = np.zeros(n_coef)
-                step[keep] = np.linalg.solve(info[np.ix_(keep, keep)], score[keep])
-        except np.linalg.LinAlgError:
-            step = None
-        usable = step is not None and bool(np.isfinite(step).all())
+        if (newton and met_at is None and dev_old is not None and dev > dev_old + 1e-10 * (abs(dev_old) + 0.1)
+                and halvings < MAX_HALVINGS and it < max_iter):
+            beta, halvings = 0.5 * (beta + last), halvings + 1  # overshot: every party halves alike
+            continue
+        halvings = 0
+        step = _solve(totals[3], score, keep) if newton else None
+        if step is None:  # Fisher scoring, or Newton's system singular here: the Fisher step
+            step = _solve(info, score, keep)
+        usable = step is not None
+        if newton and usable and np.max(np.abs(step), initial=0.0) <= STEP_TOL:
+            return beta + step, info, dev, it + 1, True, aliased
         if met_at is None and dev_old is not None and abs(dev - dev_old) / (abs(dev) + 0.1) < tol:
             met_at = it
         if met_at is not None:
@@ -136,8 +167,8 @@ def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, pol
             if it == 0:
                 raise FitError("the Fisher information is singular: no variation in the response")
             break
+        last, dev_old = beta, dev
         beta = beta + step
-        dev_old = dev
     warnings.warn(
         f"Fisher scoring did not converge within {max_iter} iterations"
         + (" (the deviance is near 0: the outcome is completely separated)" if dev < 1e-6 * max(1.0, dev_old or 1.0)
@@ -155,15 +186,20 @@ def null_deviance(family: str, score0: np.ndarray, info0: np.ndarray, dev0: floa
     information are fixed multiples of sum w (y - 1/2) and sum w, and the
     deviance there exceeds the intercept-only model's by a closed form.
     """
-    from scipy.special import xlogy
-
     d = 0.25 if family == "logit" else 1.0 / math.sqrt(2.0 * math.pi)  # dmu/deta at 0
     weight = float(info0[0, 0]) * 0.25 / (d * d)
     events = float(score0[0]) * 0.25 / d + 0.5 * weight
     events = min(max(events, 0.0), weight)
+    return null_deviance_of(events, weight, dev0 - 2.0 * math.log(2.0) * weight), events, weight
+
+
+def null_deviance_of(events: float, weight: float, saturated: float) -> float:
+    """The intercept-only model's deviance from sum w y, sum w and the saturated model's term
+    (``families.null_parts``, which a Newton round releases at whatever beta it is evaluated)."""
+    events = min(max(float(events), 0.0), float(weight))
     ybar = events / weight if weight > 0 else 0.5
     at_mean = -2.0 * (xlogy(events, ybar) + xlogy(weight - events, 1.0 - ybar))
-    return float(max(dev0 - 2.0 * math.log(2.0) * weight + at_mean, 0.0)), events, weight
+    return float(max(saturated + at_mean, 0.0))
 
 
 def diagnose(coef_std: np.ndarray, aliased: np.ndarray, names: Sequence[str], family: str) -> None:
@@ -188,9 +224,10 @@ def fisher_scoring(
     max_iter: int = MAX_ITER,
     tol: float = TOL,
     polish: int = POLISH_STEPS,
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float, int, bool]:
     """`fisher_steps` driven by a local `evaluate(beta)` (the pooled reference)."""
-    steps = fisher_steps(n_coef, max_iter=max_iter, tol=tol, polish=polish)
+    steps = fisher_steps(n_coef, max_iter=max_iter, tol=tol, polish=polish, start=start)
     try:
         beta = next(steps)
         while True:

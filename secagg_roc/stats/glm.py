@@ -42,6 +42,7 @@ from .fisher import (  # noqa: F401  (FitError, ConvergenceWarning, fisher_scori
     fisher_scoring,
     fisher_steps,
     null_deviance,
+    null_deviance_of,
 )
 from .results import GlmResult
 
@@ -93,6 +94,8 @@ def fit_design_rounds(
     context: Mapping[str, Any] | None = None,
     total_weight: float | None = None,
     response: str | None = None,
+    newton: bool = False,
+    start: np.ndarray | None = None,
 ) -> Generator[Step, Any, GlmResult]:
     """Plan steps: fit a GLM on a site-side design (see `queries.glm`) by distributed Fisher scoring.
 
@@ -103,6 +106,9 @@ def fit_design_rounds(
     run's record count), bounds the totals and so sets the precision.
     `response` names the 0/1 response of a model on the sites' arrays: a
     response with one class only stops the fit after the first round.
+    `newton` asks the sites for the observed information too (``glm.newton``)
+    and takes Newton's steps, from `start` if given (every party must derive
+    it from what they all hold); see `fisher_steps`.
     """
     family = check_family(family)
     center = np.asarray(center, dtype=float).reshape(-1)
@@ -113,23 +119,30 @@ def fit_design_rounds(
     # Scores, informations and deviances of standardized rows are a few times the total weight.
     weight = ctx.run.records if total_weight is None else total_weight
     frac_bits = precision(64.0 * max(1.0, float(weight)), ctx.n_sites)
-    steps = fisher_steps(p + 1, max_iter=max_iter, tol=tol)
+    steps = fisher_steps(p + 1, max_iter=max_iter, tol=tol, start=start)
     records = ctx.run.records
     first = None
+    query = "glm.newton" if newton else "glm.fisher"
     try:
         beta = next(steps)
         while True:
             params = {"design": design, "family": family, "beta": beta, "center": center, "scale": scale}
-            tot = yield Step("glm.fisher", params, frac_bits=frac_bits, context=context or {})
+            tot = yield Step(query, params, frac_bits=frac_bits, context=context or {})
             records = tot.records
             k = beta.size
-            totals = (
+            totals: tuple = (
                 np.asarray(tot["score"], dtype=float).reshape(k),
                 np.asarray(tot["info"], dtype=float).reshape(k, k),
                 float(np.asarray(tot["deviance"]).reshape(-1)[0]),
             )
+            if newton:
+                totals += (np.asarray(tot["observed"], dtype=float).reshape(k, k),)
             if first is None:
-                first = null_deviance(family, *totals)
+                if newton:
+                    events, weight, saturated = np.asarray(tot["null"], dtype=float).reshape(3)
+                    first = (null_deviance_of(events, weight, saturated), events, weight)
+                else:
+                    first = null_deviance(family, *totals)
                 if response is not None:
                     check_response(response, first[1], first[2])
             beta = steps.send(totals)
@@ -246,11 +259,14 @@ def fit_glm_arrays(
     tol: float = TOL,
     mode: str = "pooled",
     response: str | None = "y",
+    newton: bool = False,
+    start: np.ndarray | None = None,
 ) -> GlmResult:
     """The same Fisher scoring on arrays in memory (the pooled reference).
 
     `response` names the response in the error for a one-class response;
     None skips that check (the ROC-GLM's pseudo-observations, as in its plan).
+    `newton` and `start` as in `fit_design_rounds`.
     """
     family = check_family(family)
     y = np.asarray(y, dtype=float).reshape(-1)
@@ -270,7 +286,8 @@ def fit_glm_arrays(
     if response is not None:
         check_response(response, events, weight)
     b, info, dev, iters, ok, aliased = fisher_scoring(
-        lambda beta: fisher_parts(y, Z, w, beta, family), Z.shape[1], max_iter=max_iter, tol=tol
+        lambda beta: fisher_parts(y, Z, w, beta, family, observed=newton), Z.shape[1], max_iter=max_iter, tol=tol,
+        start=start,
     )
     return finish(b, info, dev, iters, ok, aliased, center=np.zeros(X.shape[1]), scale=np.ones(X.shape[1]),
                   names=names, family=family, n_records=int(y.size), null_dev=null_dev, mode=mode,

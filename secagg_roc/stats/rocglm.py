@@ -50,6 +50,7 @@ from ..policy import Policy
 from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
 from .glm import INTERCEPT, fit_design_rounds
+from .rocglm_rows import released_start
 from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, NonPrivateWarning  # noqa: F401  (importable from here)
 from .roc_release import check_class_sites, check_score_range, declare_privacy
 from .rocglm_result import DegenerateAucWarning, RocGlmResult
@@ -216,9 +217,10 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
     # The grid's size stands for its thresholds (every party derives t from it): a round's parameters are
     # encoded, digested and compared by every party, and 28 floats would be most of that work.
     design = {**reference, "kind": "rocglm", "grid": args["thresholds"], "ties": args["ties"]}
+    start = released_start(negatives, positives, args["thresholds"], args["ties"], reference["reference"])
     glm = yield from fit_design_rounds(
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
-        total_weight=float(n1 * t.size),
+        total_weight=float(n1 * t.size), newton=True, start=start,
     )
     sums = yield Step("rocglm.placement_sums", reference, context=context)
     if ctx.party != "analyst":
