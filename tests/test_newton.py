@@ -91,14 +91,17 @@ def test_the_null_deviance_from_a_newton_round_equals_the_one_at_zero():
         assert at_zero[0] == pytest.approx(ref.deviance, rel=1e-9)
 
 
-def test_released_start_is_none_for_separated_samples_and_kept_by_digest():
+def test_released_start_is_none_for_separated_samples_and_kept_by_content():
     neg, pos = np.sort(np.linspace(0.0, 0.4, 50)), np.sort(np.linspace(0.6, 1.0, 50))
-    assert released_start(neg, pos, 30, "half", "separated") is None
+    assert released_start(neg, pos, 30, "half") is None
     rng = np.random.default_rng(0)
     neg, pos = np.sort(rng.random(200)), np.sort(np.clip(rng.random(200) + 0.2, 0, 1))
-    start = released_start(neg, pos, 30, "half", "mixed")
+    start = released_start(neg, pos, 30, "half")
     assert start is not None and np.isfinite(start).all()
-    assert released_start(neg, pos, 30, "half", "mixed") is start
+    start[:] = 99.0  # a caller changing its copy changes no other party's start
+    again = released_start(neg, pos, 30, "half")
+    assert np.isfinite(again).all() and not (again == 99.0).any()
+    assert not np.array_equal(released_start(neg, np.sort(pos * 0.9), 30, "half"), again)
 
 
 def _data(n=600, seed=0):

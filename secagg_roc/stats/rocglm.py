@@ -217,7 +217,7 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
     # The grid's size stands for its thresholds (every party derives t from it): a round's parameters are
     # encoded, digested and compared by every party, and 28 floats would be most of that work.
     design = {**reference, "kind": "rocglm", "grid": args["thresholds"], "ties": args["ties"]}
-    start = released_start(negatives, positives, args["thresholds"], args["ties"], reference["reference"])
+    start = released_start(negatives, positives, args["thresholds"], args["ties"])
     glm = yield from fit_design_rounds(
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
         total_weight=float(n1 * t.size), newton=True, start=start,

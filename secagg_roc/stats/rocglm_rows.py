@@ -16,6 +16,7 @@ against it; the rounds release no more than before, only fewer of them.
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from typing import Sequence
 
@@ -47,16 +48,20 @@ _STARTS: dict[tuple[str, int, str], np.ndarray | None] = {}
 _STARTS_KEPT = 16
 
 
-def released_start(negatives: np.ndarray, positives: np.ndarray, grid: int, ties: str, digest: str) -> np.ndarray | None:
+def released_start(negatives: np.ndarray, positives: np.ndarray, grid: int, ties: str) -> np.ndarray | None:
     """Run by the Analyst and by each Site: the ROC-GLM's coefficients fitted to the released, sorted samples
     (None where that fit fails or does not converge, e.g. separated samples: the fit then begins at zero).
 
-    `digest` names the samples (the plan binds its rounds to it); the start is kept under it, so the parties
-    of one process compute it once.
+    Kept under a digest of the samples themselves (never one a caller names), so the parties of one process
+    compute it once and no caller can make another party's plan begin elsewhere.
     """
-    key = (digest, int(grid), ties)
+    h = hashlib.sha256()
+    for a in (negatives, positives):
+        h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes() + b"|")
+    key = (h.hexdigest(), int(grid), ties)
     if key in _STARTS:
-        return _STARTS[key]
+        start = _STARTS[key]
+        return None if start is None else start.copy()
     start = None
     if negatives.size and positives.size:
         t = default_thresholds(grid)
@@ -74,4 +79,4 @@ def released_start(negatives: np.ndarray, positives: np.ndarray, grid: int, ties
     _STARTS[key] = start
     while len(_STARTS) > _STARTS_KEPT:
         del _STARTS[next(iter(_STARTS))]
-    return start
+    return None if start is None else start.copy()
