@@ -46,8 +46,7 @@ from ..dp.accounting import Charge
 from ..errors import ConfigError
 from ..ledger import Ledger, LedgerEntry
 from ..messages import ErrorReply, Query, RoundId, StatusRequest
-from ..plans.base import RunInfo, get_plan
-from ..plans.site_runs import _Run
+from ..plans.base import RunInfo
 from .http_protocol import pack_frames, unpack_frames
 from .site_pairwise import LOG_KIND as PAIRWISE
 
@@ -151,7 +150,7 @@ class SiteCompactor:
             if len(item) > 1:  # an ended run (a live one is rebuilt from its entries)
                 run, analysis, args, contributors, records, number, ended = item
                 info = RunInfo(run, analysis, args, tuple(contributors), int(records))
-                runs.runs[run] = _Run(get_plan(analysis), args, info, None, None, int(number), ended)
+                runs.restore_ended(info, int(number), ended)
         runs.finished = dict.fromkeys(snap["finished"])
 
     def reorder(self) -> None:

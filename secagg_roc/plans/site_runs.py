@@ -168,6 +168,11 @@ class SiteRuns:
             return
         self._advance(state, lambda: state.rounds.send(release))
 
+    def restore_ended(self, info: RunInfo, number: int, ended: str) -> None:
+        """Put back a run that had ended, as a compacted log keeps it (run by a restarting Site agent): it
+        takes no more rounds, and its id is not joined again."""
+        self.runs[info.run] = _Run(get_plan(info.analysis), dict(info.args), info, None, None, int(number), ended)
+
     def info(self, run: str) -> RunInfo | None:
         state = self.runs.get(run)
         return None if state is None else state.info
