@@ -18,8 +18,9 @@ Protocol (the plan is `stats.rocglm`):
 4. GLM design ``"rocglm"``: each site turns its positives' placement values
    S~0(score) (ties strict or 1/2, as the analysis declares) into the
    ROC-GLM's binary responses at every threshold, compared in integers, as
-   weighted rows (y, probit(t), count); the distributed Fisher scoring of
-   `queries.glm` then fits the probit model.
+   weighted rows (y, probit(t), count); Newton rounds of `queries.glm`
+   (``glm.newton``) then fit the probit model, from a start every party
+   fits to the released samples (`stats.rocglm_rows.released_start`).
 5. ``rocglm.placement_sums``: exact integer sums of the placement values
    S~1(negative score) and S~0(positive score) (ties 1/2) and of their squares,
    for the empirical AUC and DeLong's variance.
