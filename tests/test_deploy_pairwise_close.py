@@ -22,7 +22,7 @@ from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.http_protocol import TransportError
 from secagg_roc.deploy.pairwise_relay import pack
 from secagg_roc.deploy.store import Store
-from secagg_roc.errors import PolicyError
+from secagg_roc.errors import PolicyError, RoundError
 from secagg_roc.messages import CloseRound
 
 from deploy_client import call_as
@@ -90,6 +90,12 @@ def _waiting_on_site_d(cluster: LocalCluster):
 def test_a_competing_release_landing_during_the_unmask_phase_is_refused_and_the_round_releases(tmp_path) -> None:
     with _cluster(tmp_path).start(sites=[]) as cl:
         nx, qx, cx, fut = _waiting_on_site_d(cl)
+        logged = _log(cl, "agg-1")
+        started = time.monotonic()
+        with pytest.raises(RoundError, match=r"is being released over \['site-a'.*that set only"):
+            # The analyst tries X again over three sites while it unmasks: refused at once, nothing logged.
+            call_as(cl, "analyst", 0, lambda c: c.send(CloseRound(qx.round_id, OTHERS)))
+        assert time.monotonic() - started < 10 and _log(cl, "agg-1") == logged and not fut.done()
         qy, competing = _compete(cl, "run-y")
         _answer(cl, nx, cx, ["site-d"])  # site-d's answer comes at last
         released = fut.result(timeout=60)  # before the fix: PolicyError, after every site had revealed shares
