@@ -4,9 +4,12 @@ An `Aggregator` holds the rounds of one study (`round.Round`, the round state
 machine) and answers messages. Every round of a site query belongs to a *run*
 of a declared analysis, whose order rules its `RunBook` keeps (`runbook`).
 Before any exact release the aggregator's `DisclosureLog` refuses contributor
-sets that could be differenced against the sets of its earlier releases. The
-deployed service wraps this with HTTP and SQLite and feeds it exactly the same
-messages.
+sets that could be differenced against the sets of its earlier releases. A
+release that waits on one more exchange with the sites after its checks
+(pairwise masking's unmask phase) first holds its place (`reserve`): its set
+counts as released for every other close until it is made or its round is
+abandoned, so nothing landing in between can make it refuse. The deployed
+service wraps this with HTTP and SQLite and feeds it exactly the same messages.
 """
 
 from __future__ import annotations
