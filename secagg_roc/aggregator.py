@@ -4,9 +4,12 @@ An `Aggregator` holds the rounds of one study (`round.Round`, the round state
 machine) and answers messages. Every round of a site query belongs to a *run*
 of a declared analysis, whose order rules its `RunBook` keeps (`runbook`).
 Before any exact release the aggregator's `DisclosureLog` refuses contributor
-sets that could be differenced against the sets of its earlier releases. The
-deployed service wraps this with HTTP and SQLite and feeds it exactly the same
-messages.
+sets that could be differenced against the sets of its earlier releases. A
+release that waits on one more exchange with the sites after its checks
+(pairwise masking's unmask phase) first holds its place (`reserve`): its set
+counts as released for every other close until it is made or its round is
+abandoned, so nothing landing in between can make it refuse. The deployed
+service wraps this with HTTP and SQLite and feeds it exactly the same messages.
 """
 
 from __future__ import annotations
@@ -89,6 +92,9 @@ class Aggregator:
         self._settled: deque[int] = deque()
         self._retired_max = -1
         self.disclosures = DisclosureLog(policy.min_sites, policy.privacy_level)
+        #: Round number -> (contributor set, its sites' record counts if the differencing guard applies) of a
+        #: release under way (`reserve`); at most one per open round, given back at its release or abandonment.
+        self.reserved: dict[int, tuple[tuple[str, ...], dict[str, int] | None]] = {}
 
     @property
     def retired_max(self) -> int:
@@ -134,6 +140,7 @@ class Aggregator:
         r = self.rounds.get(number)
         if r is not None and r.state is RoundState.OPEN:
             r.abandon()
+            self._unreserve(number)
             self._open.discard(number)
             self.runbook.abandoned(r.query, r.params, number)
             self._settle(number)
@@ -161,11 +168,18 @@ class Aggregator:
         if not isinstance(message.contributors, (tuple, list)):
             raise MessageError("a contributor set is a sequence of site names")
         agreed = tuple(sorted(message.contributors))
+        number = r.round_id.number
+        held = self.reserved.get(number)
+        if held is not None and held[0] != agreed:
+            raise RoundError(f"{r.round_id} is being released over {list(held[0])} (its sites are revealing their "
+                             "unmask shares); it releases over that set only")
         guarded = False
         if self.runbook.of(r.query, r.params) is not None and r.released_over is None:
             self.runbook.check_close(r.query, r.params, agreed)
             if not r.per_site:
-                problem = self.disclosures.problem(r.site_records(agreed))
+                # The releases under way count as made: none of them may be made to refuse by this one.
+                pending = {n: rec for n, (_, rec) in self.reserved.items() if rec is not None and n != number}
+                problem = self.disclosures.problem(r.site_records(agreed), pending)
                 if problem is not None:
                     raise PolicyError(f"run {r.params['run']!r}, round {r.params['step']}: {problem}")
                 guarded = True
@@ -176,12 +190,32 @@ class Aggregator:
                               "keeps; its rounds release nothing")
         return (guarded, *r.check_close(message.contributors))
 
+    def reserve(self, message: CloseRound) -> None:
+        """Every check of `close(message)` now, and hold the release's place: its contributor set counts as
+        released for the differencing guard of every other close, and its run is never evicted, until it is
+        released or its round abandoned. Run by an Aggregator whose release waits on one more exchange with
+        the sites (pairwise masking's unmask phase), so that no release in between can make it refuse."""
+        guarded, agreed, _ = self.check_close(message)
+        r = self.round(message.round_id)
+        if r.released_over is not None:
+            return
+        self.reserved[r.round_id.number] = (agreed, r.site_records(agreed) if guarded else None)
+        run = self.runbook.of(r.query, r.params)
+        if run is not None:
+            self.runbook.pinned.add(run.run)
+
+    def _unreserve(self, number: int) -> None:
+        if self.reserved.pop(number, None) is not None:
+            r = self.rounds[number]
+            self.runbook.pinned.discard(str(r.params.get("run")))
+
     def close(self, message: CloseRound) -> AggregateShare | ForwardedShares:
         """Release round `message.round_id` over its contributors, within its run's rules."""
         guarded, agreed, total = self.check_close(message)
         r = self.round(message.round_id)
         records = r.site_records(agreed)
         share = r.release_checked(agreed, total)
+        self._unreserve(r.round_id.number)
         self.runbook.closed(r.query, r.params, agreed)
         if guarded:
             self.disclosures.record(records)

@@ -23,8 +23,9 @@ from __future__ import annotations
 from typing import Mapping
 
 
-def atoms_problem(sets: list[Mapping[str, int]], min_sites: int, privacy_level: int) -> str | None:
-    """Why the atoms of `sets` (each: site -> record count) are too small, or None."""
+def atoms_problem(sets: list[Mapping[str, int]], min_sites: int, privacy_level: int,
+                  earlier: str = "an earlier release covered another set of sites") -> str | None:
+    """Why the atoms of `sets` (each: site -> record count) are too small, or None (`earlier` opens the text)."""
     atoms: dict[tuple[bool, ...], list[str]] = {}
     for site in sorted(set().union(*sets)):
         atoms.setdefault(tuple(site in s for s in sets), []).append(site)
@@ -34,7 +35,7 @@ def atoms_problem(sets: list[Mapping[str, int]], min_sites: int, privacy_level: 
         if len(sites) < min_sites or count < privacy_level:
             # The text reaches the analyst: it names the rule, never the atom's record count (data it was not given).
             return (
-                f"an earlier release covered another set of sites; together the releases would isolate "
+                f"{earlier}; together the releases would isolate "
                 f"{len(sites)} site(s), fewer than min_sites = {min_sites} sites or q = {privacy_level} records"
             )
     return None
@@ -48,12 +49,25 @@ class DisclosureLog:
         self.privacy_level = int(privacy_level)
         self.released: dict[frozenset[str], dict[str, int]] = {}
 
-    def problem(self, records: Mapping[str, int]) -> str | None:
-        """Why releasing over `records` (site -> record count) could be differenced, or None."""
+    def problem(self, records: Mapping[str, int], pending: Mapping[int, Mapping[str, int]] | None = None) -> str | None:
+        """Why releasing over `records` (site -> record count) could be differenced, or None. `pending`: round
+        number -> the contributor set of a release already under way (`Aggregator.reserve`), counted as made:
+        so no release in between can make that one refuse once its sites started revealing unmask shares."""
         new = dict(records)
-        if frozenset(new) in self.released or not self.released:
+        if frozenset(new) in self.released:
             return None  # the same set again: nothing new to subtract
-        return atoms_problem([*self.released.values(), new], self.min_sites, self.privacy_level)
+        if self.released:
+            problem = atoms_problem([*self.released.values(), new], self.min_sites, self.privacy_level)
+            if problem is not None:
+                return problem
+        if not pending:
+            return None
+        rounds = ", ".join(str(n) for n in sorted(pending))
+        problem = atoms_problem([*self.released.values(), *pending.values(), new], self.min_sites,
+                                self.privacy_level, earlier=f"a release already under way (round {rounds}: its "
+                                "sites are revealing their unmask shares) covers another set of sites")
+        return None if problem is None else (f"{problem}; that release holds its place until it is made or its "
+                                             "round is abandoned")
 
     def record(self, records: Mapping[str, int]) -> None:
         """Add a release (after `problem` found none)."""

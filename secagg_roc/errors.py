@@ -71,3 +71,8 @@ class TamperError(CombineError):
     def __init__(self, message: str, suspects: tuple[int, ...] = ()):
         super().__init__(message)
         self.suspects = tuple(suspects)
+
+
+class WeakThresholdWarning(UserWarning):
+    """A pairwise-masking threshold of at most half the sites: the server, with one colluding site, can
+    unmask a site's input by sending two survivor sets (`sharing.PairwiseSharing.threat_model`)."""

@@ -41,6 +41,7 @@ from .mpc.joint import check_joint_scheme
 from .pairwise.rounds import PairwiseRounds
 from .queries import QUERIES
 from .sharing import PairwiseSharing, make_scheme
+from .sharing.pairwise import warn_weak_threshold
 from .site import Site
 from .transcript import Transcript
 
@@ -128,6 +129,8 @@ class LocalFederation(FaultInjection):
         self._down: dict[int, str] = {}
         #: site -> the phase of each round from which it no longer answers (`take_down`).
         self._sites_down: dict[str, str] = {}
+        if isinstance(self.scheme, PairwiseSharing):
+            warn_weak_threshold(threshold, len(self.sites))
         self._pairwise = (PairwiseRounds(self.sites, self.aggregators[0].name, self.scheme.threshold_for,
                                          self.transcripts, wire) if isinstance(self.scheme, PairwiseSharing) else None)
         #: aggregator index -> how it alters every release it sends (`tamper`).

@@ -48,6 +48,8 @@ class RunBook:
         #: refused as too old), so a long study's book stays bounded. None keeps every run.
         self.max_runs = max_runs
         self._evicted: dict[str, None] = {}  # insertion-ordered: the oldest evicted ids are forgotten first
+        #: Runs with a release under way (`Aggregator.reserve`): never evicted, so that release cannot be refused.
+        self.pinned: set[str] = set()
 
     # Every method takes the round's parameters as the aggregator parsed them once, at the open (`Round.params`).
 
@@ -94,7 +96,10 @@ class RunBook:
         if params["step"] == 0:
             self.runs[params["run"]] = RunRecord(params["run"], str(params.get("analysis")), number)
             while self.max_runs is not None and len(self.runs) > self.max_runs:
-                old = next(iter(self.runs))  # dicts keep insertion order: the oldest run
+                # Dicts keep insertion order: the oldest run not pinned (at most one per open round is).
+                old = next((r for r in self.runs if r not in self.pinned), None)
+                if old is None:
+                    break
                 del self.runs[old]
                 self._evicted[old] = None
                 if len(self._evicted) > 16 * self.max_runs:

@@ -313,6 +313,28 @@ def test_pairwise_server_with_one_colluding_site_cannot_unmask_an_input():
     assert got is None, f"server rebuilt site 0's input {got[0].tolist()} (true {got[1].tolist()})"
 
 
+def test_a_federation_with_a_pairwise_threshold_of_half_the_sites_warns_naming_the_safe_minimum():
+    """At t <= K/2 the split-view server needs no colluding site at all: LocalFederation says so when it is set
+    up, naming the majority as the safe minimum; a majority (or the default) is silent."""
+    from secagg_roc.errors import WeakThresholdWarning
+
+    with pytest.warns(WeakThresholdWarning, match=r"threshold = 2 is at most half of the 4 sites: the server "
+                                                  r"alone.*safe minimum is 3"):
+        LocalFederation(list("abcd"), scheme="pairwise", threshold=2)
+    with pytest.warns(WeakThresholdWarning, match="safe minimum is 4"):
+        LocalFederation(list("abcdef"), scheme="pairwise", threshold=3)
+    got = _split_view_attack(4, 2, colluders=[])  # what the warning is about, with no colluder
+    assert got is not None and np.array_equal(got[0], got[1])
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeakThresholdWarning)
+        LocalFederation(list("abcd"), scheme="pairwise", threshold=3)
+        LocalFederation(list("abcde"), scheme="pairwise")
+        LocalFederation(list("abcd"), scheme="shamir", n_aggregators=4, threshold=2)  # aggregators, not sites
+    assert _split_view_attack(4, 3, colluders=[]) is None
+
+
 def test_pairwise_threshold_below_majority_is_not_claimed_to_block_lying_servers():
     scheme = PairwiseSharing(1, threshold=2)
     got = _split_view_attack(5, scheme.threshold_for(5), colluders=[])

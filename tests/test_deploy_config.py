@@ -175,6 +175,23 @@ def test_loopback_study(tmp_path: Path) -> None:
     assert explicit.sites[1].data == tmp_path / "b" / "data/h2.csv"
 
 
+def test_a_pairwise_threshold_of_half_the_sites_warns_naming_the_file_and_the_safe_minimum(tmp_path: Path) -> None:
+    import warnings
+
+    from secagg_roc.errors import WeakThresholdWarning
+
+    sites = ["h1", "h2", "h3", "h4", "h5"]
+    with pytest.warns(WeakThresholdWarning, match=r"study\.threshold = 2 is at most half of the 5 sites.*safe "
+                                                  r"minimum is 3"):
+        loopback_study(tmp_path, sites, 1, scheme="pairwise", threshold=2)
+    with pytest.warns(WeakThresholdWarning, match=re.escape(str(tmp_path / "study.toml"))):
+        load_study(tmp_path / "study.toml")  # every process that reads the study file says so
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", WeakThresholdWarning)
+        loopback_study(tmp_path / "b", sites, 1, scheme="pairwise", threshold=3)
+        loopback_study(tmp_path / "c", sites, 1, scheme="pairwise")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(n_aggregators=2, ports=[7001]), "2 aggregators need 2 ports"),
     (dict(data_files=["only-one.csv"]), "2 sites but 1 data files"),

@@ -114,6 +114,7 @@ def _asah_study(dp=None, **kw):
     return sr.Study.local({f"h{i}": {"y": y[p], "score": s[p]} for i, p in enumerate(parts)}, policy=policy, **kw)
 
 
+@pytest.mark.filterwarnings("ignore::secagg_roc.errors.WeakThresholdWarning")  # low t on purpose
 @pytest.mark.filterwarnings("ignore:NON-PRIVATE")
 def test_the_statistics_are_the_same_under_every_scheme_in_non_private_mode():
     def run(study):
@@ -143,6 +144,7 @@ def test_dp_releases_forwarded_unsummed_work_and_catch_tampering_under_replicate
 PHASES = ["open", "keys", "share", "unmask"]
 
 
+@pytest.mark.filterwarnings("ignore::secagg_roc.errors.WeakThresholdWarning")  # low t on purpose
 @settings(max_examples=25, deadline=None)
 @given(st.integers(3, 8), st.data())
 def test_pairwise_gives_the_survivors_exact_total_or_a_clear_error(k, data):
@@ -206,6 +208,7 @@ def test_pairwise_threshold_above_the_neighbourhood_is_refused_and_large_rounds_
     assert 0 < len(shares_to) < len(sites) - 1  # s0 received shares from its neighbours only
 
 
+@pytest.mark.filterwarnings("ignore::secagg_roc.errors.WeakThresholdWarning")  # low t on purpose
 def test_secure_sum_takes_per_call_failures_and_cheats():
     """`drop` and `corrupt` hold for one call: exact where the scheme tolerates them, a clear error or
     TamperError where it does not, and the next call runs with every party again."""

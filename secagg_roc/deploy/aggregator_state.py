@@ -201,7 +201,8 @@ class AggregatorState:
     def expired(self, now: float, timeout: float) -> list[int]:
         """Rounds still open `ABANDON_FACTOR` timeouts after they were opened."""
         horizon = ABANDON_FACTOR * timeout
-        return [n for n, u in self.numbers.items() if self.is_open(n) and now - u.at > horizon]
+        return [n for n, u in self.numbers.items() if self.is_open(n) and now - u.at > horizon
+                and (self.pairwise is None or not self.pairwise.holds(n, now))]  # a close waiting on unmasking
 
     # -- applying messages -------------------------------------------------------
 

@@ -22,7 +22,10 @@ their record counts, contributor set and refusals; the runs (contributor sets,
 steps, failures, the ids of older runs); every contributor set ever released
 over with its record counts (the differencing guard, never dropped); the
 retired-number watermark (a number at or below it never opens again); the
-feed's open entries and length (the sites' cursors stay valid).
+feed's open entries and length (the sites' cursors stay valid). A pairwise
+round's held release place (`Aggregator.reserve`) is not in it: that open
+round's logged ``pairwise:close`` stays in the log and re-derives it (every
+release since was checked with the place held, so it holds again).
 
 `replay` restores the snapshot, then applies the remaining entries through
 `AggregatorState.apply` as before: the open rounds' shares, the held releases

@@ -156,6 +156,10 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     if scheme == "pairwise" and threshold is not None and threshold > len(sites):
         raise fail("study.threshold", f"a pairwise-masking threshold of {threshold} sites is more than the "
                    f"{len(sites)} [[sites]] defined")
+    if scheme == "pairwise":
+        from ..sharing.pairwise import warn_weak_threshold
+
+        warn_weak_threshold(threshold, len(sites), f"{origin}: study.threshold")
     if len(sites) < min_sites:
         raise fail("sites", f"study.min_sites is {min_sites} but only {len(sites)} "
                    f"[[sites]] table(s) are defined")

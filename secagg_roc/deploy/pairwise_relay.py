@@ -23,6 +23,19 @@ masked input came later counts as dropped, its self mask stays on). The close
 then waits until every survivor answered the unmask request (at most
 `unmask_wait` seconds) and releases the survivors' total, or a `RoundError`
 (`TooFewSurvivors`) names what is missing.
+
+The analyst's close of a masked round runs in three steps
+(`pairwise_routes.before_close`, then the service's close): every check of the
+close (`Aggregator.check_close`); then, in one logged change, the masked input
+phase ends over the contributors it names and the release's place is held
+(`Aggregator.reserve`: its contributor set counts as released for the
+differencing guard of every other close, its run is never evicted, its round
+is not abandoned while the close may still wait, `PairwiseRelay.holds`); then,
+once the survivors answered, the final close, which nothing landing in between
+can refuse. A competing close that the held set would make differenceable is
+refused, naming the round under way. The hold is re-derived from the logged
+``pairwise:close`` on restart and given back when the round is released or
+abandoned.
 """
 
 from __future__ import annotations
@@ -168,6 +181,11 @@ class PairwiseRelay:
                 trial.close_before(MASKED_INPUT)
                 note_contributors(trial, self.index, close.contributors, self.state.core.rounds[number].accepted)
                 trial.unmask_request()
+                # Last, as it changes the core: every check of the close, and the release's place held (its
+                # set counts as released for every other close, its run stays), so that nothing landing while
+                # the sites reveal their unmask shares can make the final close refuse. A restart re-derives
+                # it from this logged entry; the round's release or abandonment gives it back.
+                self.state.core.reserve(close)
                 relayed.masked_closed = at
             relayed.server = trial
             return True
@@ -260,6 +278,13 @@ class PairwiseRelay:
         relayed = self.rounds.get(number)
         return (self.state.is_open(number) and self.masks(number)
                 and (relayed is None or relayed.server.phase in (ADVERTISE_KEYS, SHARE_KEYS, MASKED_INPUT)))
+
+    def holds(self, number: int, now: float) -> bool:
+        """True while round `number`'s close may still be waiting on its unmask answers: it is not abandoned
+        then (its deadline passing after the sites revealed their shares would lose the round)."""
+        relayed = self.rounds.get(number)
+        return (relayed is not None and relayed.masked_closed is not None
+                and now < relayed.masked_closed + 2 * self.unmask_wait)
 
     def unmask_ready(self, number: int, now: float) -> bool:
         """True once every survivor answered the unmask request, or the close waited `unmask_wait`."""

@@ -13,9 +13,11 @@ adds these routes; the state is `pairwise_relay.PairwiseRelay`)::
 
 A poll also closes a key phase once it is due (every site of it sent, or its
 deadline passed): the close is logged like any accepted message. The
-analyst's `CloseRound` first ends the masked input phase (logged), then waits
-for the survivors' unmask answers (`before_close`); the service then applies
-the close, which releases the survivors' total.
+analyst's `CloseRound` is checked, then ends the masked input phase and holds
+the release's place in the same logged change (`Aggregator.reserve`), then
+waits for the survivors' unmask answers (`before_close`); the service then
+applies the close, which releases the survivors' total and which no release
+landing meanwhile can refuse (a competing one is refused instead).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def add_routes(service: "AggregatorService", app: web.Application) -> None:
 
 async def before_close(service: "AggregatorService", close: CloseRound, body: bytes) -> None:
     """Run before the analyst's close of a masked round: check the close, end its masked input phase over
-    the contributors it names (logged), then wait (at most `unmask_wait`) for every survivor's unmask answer."""
+    the contributors it names and hold the release's place (one logged change, checked again under the lock),
+    then wait (at most `unmask_wait`) for every survivor's unmask answer."""
     relay = service.state.pairwise
     if relay is None:
         return
@@ -98,6 +101,6 @@ async def before_close(service: "AggregatorService", close: CloseRound, body: by
     # Every check of the close first (the run's rules, the differencing guard, an input from every named
     # site): a close that will be refused must not end the masked phase or ask anyone to unmask anything.
     service.state.core.check_close(close)
-    if relay.waits_for_close(number):
+    if relay.waits_for_close(number):  # (`PairwiseRelay.apply` checks it again, with the lock held, and reserves)
         await service._apply(CLOSE, None, body, number=number)
     await service._wait(lambda: relay.unmask_ready(number, time.time()), relay.unmask_wait)

@@ -16,14 +16,29 @@ the analyst receives -- stated in the threat model.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
 
-from ..errors import RoundError
+from ..errors import RoundError, WeakThresholdWarning
 from ..ring import FixedPoint, RawFloat
 from .base import Payload, SharingScheme
 from .threat import ThreatModel
+
+
+def warn_weak_threshold(threshold: int | None, n_sites: int, setting: str = "threshold",
+                        stacklevel: int = 3) -> None:
+    """Warn (`WeakThresholdWarning`) when an explicit threshold is at most half of `n_sites`. A lying server
+    needs t answers revealing a site's self-mask seed and t others revealing its mask key; the site itself
+    gives one and each of c colluding sites both, so it succeeds when 2t <= K + c: at t <= K/2 with no
+    colluding site at all. Run where a study is set up (the deployed study file, `LocalFederation`)."""
+    if threshold is not None and 2 * int(threshold) <= n_sites:
+        warnings.warn(
+            f"{setting} = {threshold} is at most half of the {n_sites} sites: the server alone (no site colluding) "
+            "can unmask a site's input by sending two survivor sets (see PairwiseSharing.threat_model); the safe "
+            f"minimum is {n_sites // 2 + 1}, a majority (the default when no threshold is set), and t > (K + c) / 2 "
+            "against a server colluding with c sites", WeakThresholdWarning, stacklevel=stacklevel)
 
 
 class PairwiseSharing(SharingScheme):
@@ -68,7 +83,7 @@ class PairwiseSharing(SharingScheme):
                    "a site never reveals both the self-mask seed and the mask key of one site in one request, and "
                    "answers one request per round, so a server sending different requests to different sites needs "
                    "two groups of t answers: blocked at the default majority threshold; with c sites colluding "
-                   "it needs t > (K + c - 1) / 2, and an explicit threshold of at most half the sites gives no "
+                   "it needs t > (K + c) / 2, and an explicit threshold of at most half the sites gives no "
                    "protection (Bonawitz et al.'s signed consistency round is not implemented)",
                    "per-site (DP) releases pass the server unmasked: it sees the same DP values as the analyst",
                    "sites stay outbound-only: the server relays keys and AES-GCM-encrypted shares"),
