@@ -2,8 +2,8 @@
 
 Sites secret-share their local sums across non-colluding aggregators; only
 totals are reconstructed. On top sit the statistics of the distributed ROC-GLM
-(Schalk et al.): DP survivor functions, the ROC-GLM by distributed Fisher
-scoring, its AUC with DeLong confidence intervals, the Brier score and
+(Schalk et al.): DP survivor functions, the ROC-GLM by distributed Newton
+iterations, its AUC with DeLong confidence intervals, the Brier score and
 calibration curves.
 """
 
@@ -19,6 +19,7 @@ from .errors import (
     RoundError,
     SecAggError,
     SiteQueryError,
+    WeakThresholdWarning,
 )
 from .federation import LocalFederation
 from .mpc import messages as _mpc_messages  # noqa: F401  (registers the joint computation's message kinds)
@@ -61,6 +62,7 @@ __all__ = [
     "CalibrationCurve",
     "CombineError",
     "TamperError",
+    "WeakThresholdWarning",
     "ConfigError",
     "DPPolicy",
     "Encoding",
