@@ -69,7 +69,9 @@ class PairwiseSharing(SharingScheme):
         t = "t" if self.site_threshold is None else str(self.site_threshold)
         return ThreatModel(
             scheme=self.name, servers=1, max_colluding_servers=1, server_dropouts=0,
-            trust=f"the server, even with up to {t}-1 colluding sites, learns only the survivors' total",
+            trust=(f"a server that follows the protocol, even with up to {t}-1 colluding sites, learns only the "
+                   f"survivors' total; one that lies about dropouts while c sites collude with it, only while "
+                   f"{t} > (K + c) / 2 (see the notes)"),
             site_dropouts=f"any, at any phase, while every live site keeps {t} live sites in its neighbourhood",
             malicious={"aggregator alters its aggregate share": "undetected",
                        "aggregator withholds its aggregate share": "blocked",
