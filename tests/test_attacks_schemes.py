@@ -323,6 +323,10 @@ def test_a_federation_with_a_pairwise_threshold_of_half_the_sites_warns_naming_t
         LocalFederation(list("abcd"), scheme="pairwise", threshold=2)
     with pytest.warns(WeakThresholdWarning, match="safe minimum is 4"):
         LocalFederation(list("abcdef"), scheme="pairwise", threshold=3)
+    data = {s: {"y": np.array([0, 1] * 5), "score": np.linspace(0, 1, 10)} for s in "abcd"}
+    with pytest.warns(WeakThresholdWarning) as caught:
+        sr.Study.local(data, scheme="pairwise", threshold=2)
+    assert caught[0].filename == __file__  # it points at the user's line, not inside the library
     got = _split_view_attack(4, 2, colluders=[])  # what the warning is about, with no colluder
     assert got is not None and np.array_equal(got[0], got[1])
     import warnings

@@ -16,6 +16,8 @@ the analyst receives -- stated in the threat model.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from typing import Any, Mapping
 
@@ -27,8 +29,16 @@ from .base import Payload, SharingScheme
 from .threat import ThreatModel
 
 
-def warn_weak_threshold(threshold: int | None, n_sites: int, setting: str = "threshold",
-                        stacklevel: int = 3) -> None:
+def _outside_the_package() -> int:
+    """The stack level of the first caller outside secagg_roc (a warning points at the user's line)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn_weak_threshold(threshold: int | None, n_sites: int, setting: str = "threshold") -> None:
     """Warn (`WeakThresholdWarning`) when an explicit threshold is at most half of `n_sites`. A lying server
     needs t answers revealing a site's self-mask seed and t others revealing its mask key; the site itself
     gives one and each of c colluding sites both, so it succeeds when 2t <= K + c: at t <= K/2 with no
@@ -38,7 +48,7 @@ def warn_weak_threshold(threshold: int | None, n_sites: int, setting: str = "thr
             f"{setting} = {threshold} is at most half of the {n_sites} sites: the server alone (no site colluding) "
             "can unmask a site's input by sending two survivor sets (see PairwiseSharing.threat_model); the safe "
             f"minimum is {n_sites // 2 + 1}, a majority (the default when no threshold is set), and t > (K + c) / 2 "
-            "against a server colluding with c sites", WeakThresholdWarning, stacklevel=stacklevel)
+            "against a server colluding with c sites", WeakThresholdWarning, stacklevel=_outside_the_package())
 
 
 class PairwiseSharing(SharingScheme):
