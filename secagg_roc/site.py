@@ -33,7 +33,7 @@ import numpy as np
 
 from .aggregator import NOT_COUNTED
 from .analyst import combine, combine_forwarded
-from .buffers import BufferPool
+from .buffers import BufferPool, RecyclingPool
 from .dp.accounting import Charge
 from .errors import EncodingError, MessageError, PolicyError
 from .ledger import Ledger, LedgerEntry
@@ -97,6 +97,10 @@ class Site:
         #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
         self.sessions: dict[int, object] = {}
         self._codecs: dict[int, FixedPoint] = {}
+        # Without `buffers`: the saturated copy of a round's values and its share vector, in buffers reused
+        # once nothing holds them (a fresh 8 MB array per round cost more CPU, zeroing its new pages, than
+        # the whole rest of the encoding).
+        self._scratch = RecyclingPool(max_buffers=3)
 
     @property
     def data_digest(self) -> str:
@@ -358,10 +362,13 @@ class Site:
             codec = self._codecs[query.frac_bits] = FixedPoint(query.frac_bits, max_sites=self.n_sites)
         if saturate:
             limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
-            flat = np.minimum(np.maximum(flat, -limit), limit)  # np.clip, without its Python-level wrappers
+            clipped = self._scratch.array(flat.size, flat.dtype)  # np.clip, without its wrappers or a new array
+            np.maximum(flat, -limit, out=clipped)
+            flat = np.minimum(clipped, limit, out=clipped)
         encoding = codec.encoding_for(flat)
         try:
-            out = None if self.buffers is None else self.buffers.take(flat.size)
+            # The share vector: recycled once the previous round's shares are no longer held anywhere.
+            out = self._scratch.array(flat.size, np.uint64) if self.buffers is None else self.buffers.take(flat.size)
             session = self.sessions.pop(query.round_id.number, None)
             payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds,
                                          **({} if session is None else {"session": session}))

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from ..buffers import RecyclingPool
 from ..errors import ConfigError, MessageError, SecAggError
 from ..messages import (
     CloseRound,
@@ -86,6 +87,10 @@ log = logging.getLogger("secagg_roc.aggregator")
 MAX_WAIT_S = 30.0
 #: The slowest a request body may arrive, beyond the round timeout it is always given.
 BODY_BYTES_PER_S = 1 << 20
+#: Message bodies at least this large (share vectors) are read into recycled buffers ...
+POOLED_BYTES = 1 << 20
+#: ... of which the service keeps at most this many bytes.
+POOL_BYTES = 256 << 20
 
 # Which roles may use which kind of request.
 _ANALYST = frozenset({"analyst"})
@@ -119,6 +124,8 @@ class AggregatorService:
         self._stopping = False
         self.revocations = RevocationList(config.ca_crl, config.ca_cert)
         self.presence = SitePresence(self.state.sites, log)
+        # Share bodies: about one per site in a round (more rounds open at once get fresh buffers).
+        self._bodies = RecyclingPool(max_buffers=len(self.state.sites) + 2, max_bytes=POOL_BYTES)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -202,19 +209,39 @@ class AggregatorService:
                             f"it gets no access (new keys: secagg-roc keys add {peer.name} --replace)")
         return peer
 
-    async def _body(self, request: web.Request) -> bytes:
+    async def _body(self, request: web.Request, *, pooled: bool = False) -> bytes | memoryview:
+        """The request body; with `pooled`, a large one as a read-only view of a recycled buffer."""
         limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise RequestTooLarge(f"request body of {request.content_length} bytes exceeds max_body_bytes={limit}")
+        n = request.content_length
+        if n is not None and n > limit:
+            raise RequestTooLarge(f"request body of {n} bytes exceeds max_body_bytes={limit}")
         # A client that stalls mid-body must not hold a connection for ever: the body gets the round
         # timeout plus a second per MB (a share of 8 MB over a slow link still arrives).
-        deadline = self.config.round_timeout_s + (request.content_length or limit) / BODY_BYTES_PER_S
+        deadline = self.config.round_timeout_s + (n or limit) / BODY_BYTES_PER_S
         try:
+            if pooled and n is not None and n >= POOLED_BYTES:
+                return await asyncio.wait_for(self._read_pooled(request, n), deadline)
             return await asyncio.wait_for(request.read(), deadline)
         except web.HTTPRequestEntityTooLarge:
             raise RequestTooLarge(f"request body exceeds max_body_bytes={limit}") from None
         except asyncio.TimeoutError:
             raise RequestTimeout(f"request body not received within {deadline:.0f} s; the connection is closed") from None
+
+    async def _read_pooled(self, request: web.Request, n: int) -> memoryview:
+        # Straight into a recycled, page-aligned buffer: no growing bytearray, no bytes() copy, no fresh
+        # pages to zero, and the log's side file is written from it without a copy (`side_file`). The
+        # buffer is reused only once nothing refers to it (the round keeps it until it settles).
+        view = self._bodies.bytes(n)
+        pos = 0
+        async for chunk in request.content.iter_any():
+            end = pos + len(chunk)
+            if end > n:  # aiohttp stops at Content-Length; refuse rather than trust it
+                raise RequestTooLarge(f"request body longer than its Content-Length of {n} bytes")
+            view[pos:end] = chunk
+            pos = end
+        if pos != n:
+            raise MessageError(f"request body ended after {pos} of its {n} bytes")
+        return view.toreadonly()
 
     def _notify(self) -> None:
         assert self._changed is not None
@@ -282,8 +309,10 @@ class AggregatorService:
 
     async def _message(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _ANY)
-        body = await self._body(request)
+        body = await self._body(request, pooled=True)
         message = decode(body)
+        if not isinstance(message, InputShare) and isinstance(body, memoryview):
+            body = bytes(body)  # only share vectors stay in recycled buffers (the round holds them)
         entry = _MESSAGE_KINDS.get(type(message))
         if entry is None:
             raise MessageError(f"an aggregator does not accept {message.kind} messages on /v1/message")
