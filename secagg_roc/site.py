@@ -96,11 +96,10 @@ class Site:
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
         #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
         self.sessions: dict[int, object] = {}
-        self._codecs: dict[int, FixedPoint] = {}
-        # Without `buffers`: the saturated copy of a round's values and its share vector, in buffers reused
-        # once nothing holds them (a fresh 8 MB array per round cost more CPU, zeroing its new pages, than
-        # the whole rest of the encoding).
-        self._scratch = RecyclingPool(max_buffers=3)
+        self._codecs: dict[tuple[int, bool], FixedPoint] = {}
+        # Without `buffers`: share vectors in buffers reused once nothing holds them (a fresh 8 MB array per
+        # round cost more CPU, zeroing its new pages, than the whole rest of the encoding).
+        self._scratch = RecyclingPool(max_buffers=2)
 
     @property
     def data_digest(self) -> str:
@@ -357,14 +356,10 @@ class Site:
         instead of refused, so that whether a round succeeds never depends on
         the data (the plan chose a precision that fits public bounds)."""
         layout, flat = flatten(values, kinds)
-        codec = self._codecs.get(query.frac_bits)
+        codec = self._codecs.get((query.frac_bits, saturate))
         if codec is None:  # one per precision: a codec derives its range limits when it is made
-            codec = self._codecs[query.frac_bits] = FixedPoint(query.frac_bits, max_sites=self.n_sites)
-        if saturate:
-            limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
-            clipped = self._scratch.array(flat.size, flat.dtype)  # np.clip, without its wrappers or a new array
-            np.maximum(flat, -limit, out=clipped)
-            flat = np.minimum(clipped, limit, out=clipped)
+            codec = FixedPoint(query.frac_bits, max_sites=self.n_sites, saturate=saturate)
+            self._codecs[(query.frac_bits, saturate)] = codec
         encoding = codec.encoding_for(flat)
         try:
             # The share vector: recycled once the previous round's shares are no longer held anywhere.

@@ -329,7 +329,7 @@ class AggregatorService:
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)
-        return _reply(applied.reply)
+        return _reply(applied.reply, pool=self._bodies)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._peer(request, _ANALYST)
@@ -399,8 +399,17 @@ class AggregatorService:
         return web.json_response(info)
 
 
-def _reply(message: Message, status: int = 200) -> web.Response:
-    return web.Response(body=b"".join(message.to_buffers()), status=status, content_type=MESSAGE_TYPE)
+def _reply(message: Message, status: int = 200, pool: RecyclingPool | None = None) -> web.Response:
+    """`message` as a response; with `pool`, a large one (an aggregate share) is put together in a recycled buffer."""
+    bufs = [memoryview(b).cast("B") for b in message.to_buffers()]
+    n = sum(len(b) for b in bufs)
+    if pool is None or n < POOLED_BYTES:
+        return web.Response(body=b"".join(bufs), status=status, content_type=MESSAGE_TYPE)
+    body, pos = pool.bytes(n), 0  # reused once the response is sent and dropped
+    for b in bufs:
+        body[pos:pos + len(b)] = b
+        pos += len(b)
+    return web.Response(body=body.toreadonly(), status=status, content_type=MESSAGE_TYPE)
 
 
 def _frames(messages: list[Message]) -> web.Response:
