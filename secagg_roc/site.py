@@ -62,6 +62,10 @@ class Answered:
     step: int
 
 
+#: Share vectors at least this long (1 MiB) come from the site's recycled buffers (without a `BufferPool`).
+POOLED_ELEMENTS = 1 << 17
+
+
 class Site:
     """A site's side of the protocol: its data, policy, ledger and runs, and the shares it sends per round."""
 
@@ -362,8 +366,12 @@ class Site:
             self._codecs[(query.frac_bits, saturate)] = codec
         encoding = codec.encoding_for(flat)
         try:
-            # The share vector: recycled once the previous round's shares are no longer held anywhere.
-            out = self._scratch.array(flat.size, np.uint64) if self.buffers is None else self.buffers.take(flat.size)
+            if self.buffers is not None:
+                out = self.buffers.take(flat.size)
+            elif flat.size >= POOLED_ELEMENTS:  # recycled once the previous round's shares are held nowhere
+                out = self._scratch.array(flat.size, np.uint64)
+            else:
+                out = None
             session = self.sessions.pop(query.round_id.number, None)
             payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds,
                                          **({} if session is None else {"session": session}))

@@ -168,7 +168,9 @@ def test_a_store_logs_a_pooled_body_and_replays_it(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- a site's shares
 
 
-def test_a_site_lets_go_of_acknowledged_shares_and_re_creates_identical_ones(site_study, tmp_path: Path) -> None:  # noqa: F811
+def test_a_site_lets_go_of_acknowledged_shares_and_re_creates_identical_ones(
+        site_study, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
+    monkeypatch.setattr("secagg_roc.site.POOLED_ELEMENTS", 1)  # these small share vectors come from the pool too
     agent, _, _ = joined_agent(site_study, tmp_path, "site-a")
     step = next_step(agent.site, 5, "run-1")
     answer = agent._answer(step)
@@ -180,8 +182,13 @@ def test_a_site_lets_go_of_acknowledged_shares_and_re_creates_identical_ones(sit
     agent._acked.add((5, 1))
     agent._drop_sent(5)
     assert agent.answers[5].outputs is None  # every aggregator took them: nothing of them is held
-    later = agent._answer(next_step(agent.site, 6, "run-1"))  # its vector may come from the pool
+    vector = next(s.vector for s in sent if s.vector is not None)
+    del answer
+    later = agent._answer(next_step(agent.site, 6, "run-1"))  # its vector comes from the pool
     assert later.kind == "shares"
+    fresh = next(m[0].vector for m in later.outputs if m[0].vector is not None)
+    assert not np.shares_memory(fresh, vector)  # round 5's vector is still held (by `sent`): not handed out
+    del vector
     for share, copy in zip(sent, copies):  # shares still held elsewhere (here: `sent`) are never overwritten
         if copy is not None:
             np.testing.assert_array_equal(share.vector, copy)
