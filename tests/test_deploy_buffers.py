@@ -34,6 +34,8 @@ from secagg_roc.deploy.side_file import ALIGN, SideFileWriter
 from secagg_roc.deploy.store import Store
 from secagg_roc.errors import RoundError
 
+from deploy_client import call_as as call
+from deploy_client import make_query
 from test_deploy_state import joined_agent, next_step, site_study  # noqa: F401  (site_study: a fixture)
 
 # --------------------------------------------------------------------------- the pool
@@ -215,6 +217,15 @@ def test_recycled_share_buffers_sum_right_also_with_two_runs_at_once(tmp_path: P
     data = {s: {"x": v.reshape(1, d)} for s, v in vectors.items()}
     with LocalCluster(tmp_path / "c", data, data_format="npz", round_timeout_s=60.0, max_body_bytes=4 << 20,
                       privacy_level=1, log_level="WARNING", policy={"analyses": ["sum"]}) as cl:
+        # Attacks on the recycled-buffer path first: a large body cut short, large bodies that are no share.
+        for party in ("s0", "analyst"):
+            cut_short(cl, party, claimed=3 << 20, sent=1 << 20)
+        garbage = call(cl, "analyst", 0, lambda c: c.request("POST", "/v1/message", b"\xff" * (2 << 20)))
+        assert garbage.status == 400 and b"bad magic" in bytes(garbage.body)
+        big_query = make_query(cl.config.study_id, 7, "sum", {"array": "x", "pad": "p" * (2 << 20)})
+        refused = call(cl, "analyst", 1, lambda c: c.request("POST", "/v1/message", big_query.encode()))
+        assert refused.status == 400 and refused.body  # not a plan's round: refused, by its reply
+        assert all(i["open_rounds"] == 0 for i in (call(cl, "analyst", j, lambda c: c.info()) for j in (0, 1)))
         with cl.study() as one, cl.study() as two:
             results: dict[str, list[np.ndarray]] = {"one": [], "two": []}
             errors: list[BaseException] = []
@@ -242,3 +253,24 @@ def test_recycled_share_buffers_sum_right_also_with_two_runs_at_once(tmp_path: P
             for total in results["one"] + results["two"]:
                 np.testing.assert_allclose(total, expected, atol=3 * 2.0**-31)
             assert len(results["one"]) == len(results["two"]) == 3
+
+
+def cut_short(cluster, party: str, *, claimed: int, sent: int) -> None:
+    """POST a /v1/message body that stops after `sent` of its `claimed` bytes, then hang up (as `party`)."""
+    import socket
+    import ssl
+
+    from secagg_roc.deploy.tls import client_ssl_context
+
+    config = cluster.config
+    p = config.party(party)
+    agg = config.aggregators[0]
+    ctx = client_ssl_context(config.ca_cert, p.cert, p.key)
+    with socket.create_connection((agg.host, agg.port), timeout=10) as raw:
+        with ctx.wrap_socket(raw, server_hostname=agg.host) as tls:
+            tls.sendall(f"POST /v1/message HTTP/1.1\r\nHost: {agg.host}\r\nContent-Length: {claimed}\r\n"
+                        "Content-Type: application/octet-stream\r\n\r\n".encode() + b"\0" * sent)
+            try:
+                tls.shutdown(socket.SHUT_RDWR)
+            except (OSError, ssl.SSLError):
+                pass
