@@ -73,6 +73,7 @@ from .http_protocol import (
 from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
+from .pooled_bodies import POOL_BYTES, POOLED_BYTES, joined, read_into_pool
 from .revocation import RevocationList
 from .site_presence import SitePresence
 from .store import Store
@@ -87,10 +88,6 @@ log = logging.getLogger("secagg_roc.aggregator")
 MAX_WAIT_S = 30.0
 #: The slowest a request body may arrive, beyond the round timeout it is always given.
 BODY_BYTES_PER_S = 1 << 20
-#: Message bodies at least this large (share vectors) are read into recycled buffers ...
-POOLED_BYTES = 1 << 20
-#: ... of which the service keeps at most this many bytes.
-POOL_BYTES = 256 << 20
 
 # Which roles may use which kind of request.
 _ANALYST = frozenset({"analyst"})
@@ -219,29 +216,13 @@ class AggregatorService:
         # timeout plus a second per MB (a share of 8 MB over a slow link still arrives).
         deadline = self.config.round_timeout_s + (n or limit) / BODY_BYTES_PER_S
         try:
-            if pooled and n is not None and n >= POOLED_BYTES:
-                return await asyncio.wait_for(self._read_pooled(request, n), deadline)
+            if pooled and n is not None and n >= POOLED_BYTES:  # a share vector: into a recycled buffer
+                return await asyncio.wait_for(read_into_pool(request, n, self._bodies), deadline)
             return await asyncio.wait_for(request.read(), deadline)
         except web.HTTPRequestEntityTooLarge:
             raise RequestTooLarge(f"request body exceeds max_body_bytes={limit}") from None
         except asyncio.TimeoutError:
             raise RequestTimeout(f"request body not received within {deadline:.0f} s; the connection is closed") from None
-
-    async def _read_pooled(self, request: web.Request, n: int) -> memoryview:
-        # Straight into a recycled, page-aligned buffer: no growing bytearray, no bytes() copy, no fresh
-        # pages to zero, and the log's side file is written from it without a copy (`side_file`). The
-        # buffer is reused only once nothing refers to it (the round keeps it until it settles).
-        view = self._bodies.bytes(n)
-        pos = 0
-        async for chunk in request.content.iter_any():
-            end = pos + len(chunk)
-            if end > n:  # aiohttp stops at Content-Length; refuse rather than trust it
-                raise RequestTooLarge(f"request body longer than its Content-Length of {n} bytes")
-            view[pos:end] = chunk
-            pos = end
-        if pos != n:
-            raise MessageError(f"request body ended after {pos} of its {n} bytes")
-        return view.toreadonly()
 
     def _notify(self) -> None:
         assert self._changed is not None
@@ -401,15 +382,7 @@ class AggregatorService:
 
 def _reply(message: Message, status: int = 200, pool: RecyclingPool | None = None) -> web.Response:
     """`message` as a response; with `pool`, a large one (an aggregate share) is put together in a recycled buffer."""
-    bufs = [memoryview(b).cast("B") for b in message.to_buffers()]
-    n = sum(len(b) for b in bufs)
-    if pool is None or n < POOLED_BYTES:
-        return web.Response(body=b"".join(bufs), status=status, content_type=MESSAGE_TYPE)
-    body, pos = pool.bytes(n), 0  # reused once the response is sent and dropped
-    for b in bufs:
-        body[pos:pos + len(b)] = b
-        pos += len(b)
-    return web.Response(body=body.toreadonly(), status=status, content_type=MESSAGE_TYPE)
+    return web.Response(body=joined(message.to_buffers(), pool), status=status, content_type=MESSAGE_TYPE)
 
 
 def _frames(messages: list[Message]) -> web.Response:
