@@ -11,6 +11,9 @@ point and only once nothing else can read it, so reuse never changes a result.
 
 from __future__ import annotations
 
+import mmap
+import sys
+import threading
 from collections import defaultdict
 
 import numpy as np
@@ -41,3 +44,68 @@ class BufferPool:
         free = self._free[vector.size]
         if len(free) < self.max_per_length:
             free.append(vector)
+
+
+class RecyclingPool:
+    """Large scratch buffers, handed out again once nothing references them any more.
+
+    For long-running services, where the owner of a buffer is hard to follow
+    (a received share body lives on in the round that accepted it, in the
+    log's side file writer, in a reply...): instead of being given back, a
+    buffer counts as free when the pool holds the only reference to it, so
+    every view, array or message made from it keeps it out of the pool for
+    as long as it lives (CPython's reference counts say so exactly). Keeps at
+    most `max_buffers` buffers of `max_bytes` in total; beyond that `bytes`
+    returns fresh ones that are not kept. Thread-safe.
+    """
+
+    #: References to a free buffer seen inside the pool: its list, a loop variable, getrefcount's argument.
+    _FREE_REFS = 3
+
+    def __init__(self, max_buffers: int = 4, max_bytes: int = 256 << 20):
+        self.max_buffers = max_buffers
+        self.max_bytes = max_bytes
+        self._buffers: list[mmap.mmap] = []
+        self._lock = threading.Lock()
+
+    def array(self, n: int, dtype: np.dtype | type = np.float64) -> np.ndarray:
+        """A 1-d array of `n` elements of `dtype`, with arbitrary contents, that no one else holds."""
+        dtype = np.dtype(dtype)
+        return np.frombuffer(self.bytes(n * dtype.itemsize), dtype=dtype, count=n)
+
+    def bytes(self, nbytes: int) -> memoryview:
+        """A writable, page-aligned view of exactly `nbytes` bytes with arbitrary contents, that no one else holds."""
+        with self._lock:
+            buf = self._take_free(nbytes)
+            if buf is None:
+                buf = mmap.mmap(-1, max(nbytes, 1))  # anonymous: page-aligned (O_DIRECT can write straight from it)
+                self._keep(buf)
+            return memoryview(buf)[:nbytes]
+
+    def _take_free(self, nbytes: int) -> mmap.mmap | None:
+        # The smallest free buffer that is large enough, but not more than twice as large.
+        best = None
+        for buf in self._buffers:
+            if nbytes <= len(buf) <= 2 * max(nbytes, 1) and sys.getrefcount(buf) <= self._FREE_REFS:
+                if best is None or len(buf) < len(best):
+                    best = buf
+        return best
+
+    def _keep(self, new: mmap.mmap) -> None:
+        # Make room by dropping free buffers (of other sizes: none fitted), oldest first; if the
+        # buffers in use leave no room, `new` is not kept and dies with its last reference.
+        for old in list(self._buffers):
+            if len(self._buffers) < self.max_buffers and self.kept_bytes + len(new) <= self.max_bytes:
+                break
+            if sys.getrefcount(old) <= self._FREE_REFS + 1:  # + the copied list's reference
+                self._buffers.remove(old)
+        if len(self._buffers) < self.max_buffers and self.kept_bytes + len(new) <= self.max_bytes:
+            self._buffers.append(new)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes of the buffers the pool keeps (in use or free)."""
+        return sum(len(b) for b in self._buffers)
+
+    def __len__(self) -> int:
+        return len(self._buffers)

@@ -94,16 +94,19 @@ class FixedPoint:
 
     `frac_bits` is the resolution for floats (2^-frac_bits); `max_sites` is the
     largest number of encoded values that will ever be summed, which sets the
-    largest magnitude a single value may have.
+    largest magnitude a single value may have. A `saturate` codec clips values
+    beyond that range to it (``min(max(x, -limit), limit)``, NaN stays NaN and
+    is refused) instead of refusing them, chunk by chunk as it encodes.
     """
 
-    def __init__(self, frac_bits: int = 32, max_sites: int = 64):
+    def __init__(self, frac_bits: int = 32, max_sites: int = 64, *, saturate: bool = False):
         if not 0 <= frac_bits <= 62:
             raise EncodingError(f"frac_bits must be in 0..62, got {frac_bits}")
         if max_sites < 1:
             raise EncodingError(f"max_sites must be >= 1, got {max_sites}")
         self.frac_bits = int(frac_bits)
         self.max_sites = int(max_sites)
+        self.saturate = bool(saturate)
         self.float_encoding = Encoding(self.frac_bits, False)
         # Largest |encoded value| such that max_sites of them cannot leave [-2^63, 2^63).
         self.max_encoded = (_HALF - 1) // self.max_sites
@@ -116,7 +119,7 @@ class FixedPoint:
         self.max_int = self.max_encoded
 
     def __repr__(self) -> str:
-        return f"FixedPoint(frac_bits={self.frac_bits}, max_sites={self.max_sites})"
+        return f"FixedPoint(frac_bits={self.frac_bits}, max_sites={self.max_sites}{', saturate=True' if self.saturate else ''})"
 
     def encoding_for(self, x: np.ndarray) -> Encoding:
         """The encoding `encode` uses for `x`: exact integers for integer/bool dtypes."""
@@ -161,6 +164,11 @@ class FixedPoint:
         return (encoding or self.float_encoding).decode(values)
 
     def _encode_int(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self.saturate:  # clipped in the output itself: no temporary array
+            target = out.view(np.int64)
+            np.maximum(x, -self.max_int, out=target)
+            np.minimum(target, self.max_int, out=target)
+            return
         if x.size:
             lo, hi = int(x.min()), int(x.max())
             if lo < -self.max_int or hi > self.max_int:
@@ -192,13 +200,20 @@ class FixedPoint:
             chunk = flat_x[start : start + _CHUNK]
             target = flat_out[start : start + _CHUNK]
             shifted = buf[: chunk.size]
-            np.add(chunk, offset, out=shifted)
+            if self.saturate:  # while the chunk is in cache, not as whole-vector passes over memory
+                np.maximum(chunk, -self.max_float, out=shifted)
+                np.minimum(shifted, self.max_float, out=shifted)
+                np.add(shifted, offset, out=shifted)
+            else:
+                np.add(chunk, offset, out=shifted)
             # Exact: the sum and the offset share a binade. `not (a <= b)` is also
             # true for NaN, so one test catches NaN, inf and overflow.
             hi, lo = shifted.max() - offset, shifted.min() - offset
             if hi <= magic_limit and lo >= -magic_limit:
                 np.subtract(shifted.view(np.int64), offset_bits, out=target)
             else:
+                if self.saturate:  # the exact path works on the clipped values (a temporary: rare)
+                    chunk = np.minimum(np.maximum(chunk, -self.max_float), self.max_float)
                 with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, by name
                     np.multiply(chunk, scale, out=shifted)
                 if not (shifted.max() <= limit and shifted.min() >= -limit):

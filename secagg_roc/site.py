@@ -33,7 +33,7 @@ import numpy as np
 
 from .aggregator import NOT_COUNTED
 from .analyst import combine, combine_forwarded
-from .buffers import BufferPool
+from .buffers import BufferPool, RecyclingPool
 from .dp.accounting import Charge
 from .errors import EncodingError, MessageError, PolicyError
 from .ledger import Ledger, LedgerEntry
@@ -60,6 +60,10 @@ class Answered:
     query: Query
     run: str
     step: int
+
+
+#: Share vectors at least this long (1 MiB) come from the site's recycled buffers (without a `BufferPool`).
+POOLED_ELEMENTS = 1 << 17
 
 
 class Site:
@@ -96,7 +100,10 @@ class Site:
         self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
         #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
         self.sessions: dict[int, object] = {}
-        self._codecs: dict[int, FixedPoint] = {}
+        self._codecs: dict[tuple[int, bool], FixedPoint] = {}
+        # Without `buffers`: share vectors in buffers reused once nothing holds them (a fresh 8 MB array per
+        # round cost more CPU, zeroing its new pages, than the whole rest of the encoding).
+        self._scratch = RecyclingPool(max_buffers=2)
 
     @property
     def data_digest(self) -> str:
@@ -353,15 +360,18 @@ class Site:
         instead of refused, so that whether a round succeeds never depends on
         the data (the plan chose a precision that fits public bounds)."""
         layout, flat = flatten(values, kinds)
-        codec = self._codecs.get(query.frac_bits)
+        codec = self._codecs.get((query.frac_bits, saturate))
         if codec is None:  # one per precision: a codec derives its range limits when it is made
-            codec = self._codecs[query.frac_bits] = FixedPoint(query.frac_bits, max_sites=self.n_sites)
-        if saturate:
-            limit = codec.max_int if flat.dtype.kind == "i" else codec.max_float
-            flat = np.minimum(np.maximum(flat, -limit), limit)  # np.clip, without its Python-level wrappers
+            codec = FixedPoint(query.frac_bits, max_sites=self.n_sites, saturate=saturate)
+            self._codecs[(query.frac_bits, saturate)] = codec
         encoding = codec.encoding_for(flat)
         try:
-            out = None if self.buffers is None else self.buffers.take(flat.size)
+            if self.buffers is not None:
+                out = self.buffers.take(flat.size)
+            elif flat.size >= POOLED_ELEMENTS:  # recycled once the previous round's shares are held nowhere
+                out = self._scratch.array(flat.size, np.uint64)
+            else:
+                out = None
             session = self.sessions.pop(query.round_id.number, None)
             payloads = self.scheme.share(flat, codec, holder=self.holder, out=out, seeds=seeds,
                                          **({} if session is None else {"session": session}))

@@ -42,6 +42,7 @@ from typing import Any, Callable
 
 from aiohttp import web
 
+from ..buffers import RecyclingPool
 from ..errors import ConfigError, MessageError, SecAggError
 from ..messages import (
     CloseRound,
@@ -72,6 +73,7 @@ from .http_protocol import (
 from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
+from .pooled_bodies import POOL_BYTES, POOLED_BYTES, joined, read_into_pool
 from .revocation import RevocationList
 from .site_presence import SitePresence
 from .store import Store
@@ -119,6 +121,8 @@ class AggregatorService:
         self._stopping = False
         self.revocations = RevocationList(config.ca_crl, config.ca_cert)
         self.presence = SitePresence(self.state.sites, log)
+        # Share bodies: about one per site in a round (more rounds open at once get fresh buffers).
+        self._bodies = RecyclingPool(max_buffers=len(self.state.sites) + 2, max_bytes=POOL_BYTES)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -202,14 +206,18 @@ class AggregatorService:
                             f"it gets no access (new keys: secagg-roc keys add {peer.name} --replace)")
         return peer
 
-    async def _body(self, request: web.Request) -> bytes:
+    async def _body(self, request: web.Request, *, pooled: bool = False) -> bytes | memoryview:
+        """The request body; with `pooled`, a large one as a read-only view of a recycled buffer."""
         limit = self.config.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise RequestTooLarge(f"request body of {request.content_length} bytes exceeds max_body_bytes={limit}")
+        n = request.content_length
+        if n is not None and n > limit:
+            raise RequestTooLarge(f"request body of {n} bytes exceeds max_body_bytes={limit}")
         # A client that stalls mid-body must not hold a connection for ever: the body gets the round
         # timeout plus a second per MB (a share of 8 MB over a slow link still arrives).
-        deadline = self.config.round_timeout_s + (request.content_length or limit) / BODY_BYTES_PER_S
+        deadline = self.config.round_timeout_s + (n or limit) / BODY_BYTES_PER_S
         try:
+            if pooled and n is not None and n >= POOLED_BYTES:  # a share vector: into a recycled buffer
+                return await asyncio.wait_for(read_into_pool(request, n, self._bodies), deadline)
             return await asyncio.wait_for(request.read(), deadline)
         except web.HTTPRequestEntityTooLarge:
             raise RequestTooLarge(f"request body exceeds max_body_bytes={limit}") from None
@@ -282,8 +290,10 @@ class AggregatorService:
 
     async def _message(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _ANY)
-        body = await self._body(request)
+        body = await self._body(request, pooled=True)
         message = decode(body)
+        if not isinstance(message, InputShare) and isinstance(body, memoryview):
+            body = bytes(body)  # only share vectors stay in recycled buffers (the round holds them)
         entry = _MESSAGE_KINDS.get(type(message))
         if entry is None:
             raise MessageError(f"an aggregator does not accept {message.kind} messages on /v1/message")
@@ -300,7 +310,7 @@ class AggregatorService:
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)
-        return _reply(applied.reply)
+        return _reply(applied.reply, pool=self._bodies)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._peer(request, _ANALYST)
@@ -370,8 +380,9 @@ class AggregatorService:
         return web.json_response(info)
 
 
-def _reply(message: Message, status: int = 200) -> web.Response:
-    return web.Response(body=b"".join(message.to_buffers()), status=status, content_type=MESSAGE_TYPE)
+def _reply(message: Message, status: int = 200, pool: RecyclingPool | None = None) -> web.Response:
+    """`message` as a response; with `pool`, a large one (an aggregate share) is put together in a recycled buffer."""
+    return web.Response(body=joined(message.to_buffers(), pool), status=status, content_type=MESSAGE_TYPE)
 
 
 def _frames(messages: list[Message]) -> web.Response:

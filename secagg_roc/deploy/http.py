@@ -28,6 +28,7 @@ import json
 import ssl
 from typing import Any, Awaitable, Callable, Sequence, TypeVar
 
+from ..buffers import RecyclingPool
 from ..messages import ErrorReply, Message, decode
 from .config_schema import AggregatorConfig
 from .http_bulk import BulkConnections, is_tls_alert
@@ -119,6 +120,7 @@ class AggregatorClient:
         self.max_response_bytes = max_response_bytes
         self.connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
+        self._replies = RecyclingPool(max_buffers=4)  # large replies (a round's aggregate share)
         # Blocking connections for bulk requests (used from worker threads).
         self._bulk = BulkConnections(config, study_id, ssl_context, max_response_bytes=max_response_bytes,
                                      connect_timeout=connect_timeout, ca_file=ca_file,
@@ -156,8 +158,11 @@ class AggregatorClient:
         *,
         content_type: str = MESSAGE_TYPE,
         timeout: float = 60.0,
+        pooled: bool = False,
     ) -> Response:
-        """Send one request and return the response (any status). `TransportError` if it fails."""
+        """Send one request and return the response (any status). `TransportError` if it fails.
+
+        With `pooled`, a large successful response body is a read-only view of a recycled buffer."""
         bufs: Sequence[Any] = [] if body is None else ([body] if isinstance(body, (bytes, bytearray, memoryview)) else body)
         length = sum(len(memoryview(b).cast("B")) for b in bufs)
         head = (
@@ -176,7 +181,7 @@ class AggregatorClient:
             else:
                 reused = True
             try:
-                return await asyncio.wait_for(self._exchange(conn, head, bufs), timeout)
+                return await asyncio.wait_for(self._exchange(conn, head, bufs, pooled), timeout)
             except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
                 conn.close()
                 if is_tls_alert(exc):
@@ -203,7 +208,7 @@ class AggregatorClient:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(None, self._bulk.request, method, path, list(body), content_type, timeout)
 
-    async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any]) -> Response:
+    async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any], pooled: bool = False) -> Response:
         conn.writer.write(head)
         for b in bufs:
             conn.writer.write(b)
@@ -230,7 +235,10 @@ class AggregatorClient:
             n = int(headers["content-length"])
             if n > self.max_response_bytes:
                 raise ConnectionError(f"response of {n} bytes exceeds the limit {self.max_response_bytes}")
-            body = await conn.reader.readexactly(n)
+            if pooled and n >= BULK_BYTES and 200 <= status < 300:
+                body = await self._read_pooled(conn.reader, n)
+            else:
+                body = await conn.reader.readexactly(n)
         else:  # no length: the body runs to the end of the connection
             chunks = bytearray()
             while chunk := await conn.reader.read(1 << 16):
@@ -244,6 +252,19 @@ class AggregatorClient:
         else:
             self._idle.append(conn)
         return Response(status, headers, body)
+
+    async def _read_pooled(self, reader: asyncio.StreamReader, n: int) -> memoryview:
+        # `readexactly` would grow the reader's buffer to the whole body, then copy it out: instead, pieces
+        # of at most the reader's limit go straight into a buffer that is reused once nothing refers to it.
+        view = self._replies.bytes(n)
+        pos = 0
+        while pos < n:
+            chunk = await reader.read(min(n - pos, 1 << 16))
+            if not chunk:
+                raise asyncio.IncompleteReadError(bytes(view[:pos]), n)
+            view[pos:pos + len(chunk)] = chunk
+            pos += len(chunk)
+        return view.toreadonly()
 
     async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
         out = bytearray()
@@ -268,12 +289,13 @@ class AggregatorClient:
     async def send(self, message: Message, *, timeout: float = 120.0) -> Message:
         """POST /v1/message: one message, its one-message reply; errors raise their class.
 
-        A message of `BULK_BYTES` or more goes over the blocking bulk path."""
+        A message of `BULK_BYTES` or more goes over the blocking bulk path; a reply that large
+        (a round's aggregate share) is read into a recycled buffer its decoded vector refers to."""
         bufs = message.to_buffers()
         if sum(len(memoryview(b).cast("B")) for b in bufs) >= BULK_BYTES:
             resp = await self.request_bulk("POST", "/v1/message", bufs, timeout=timeout)
         else:
-            resp = await self.request("POST", "/v1/message", bufs, timeout=timeout)
+            resp = await self.request("POST", "/v1/message", bufs, timeout=timeout, pooled=True)
         return decode(self._check(resp, "/v1/message").body)
 
     async def status(self, request: Message, wait: float = 0.0) -> list[Message]:

@@ -254,7 +254,7 @@ class Response:
 
     status: int
     headers: dict[str, str]
-    body: bytes
+    body: bytes | memoryview  # a view of a recycled buffer for a large reply read with `pooled`
 
 
 # --------------------------------------------------------------------------- query parameters

@@ -328,6 +328,17 @@ class SiteAgent(SiteAnswers):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _drop_sent(self, number: int) -> None:
+        """Once every aggregator took a round's shares, let go of them (their vectors are reused for the
+        next round's shares): should an aggregator offer the round again, they are re-created from the
+        logged split and checked against it, as after a restart. Not under pairwise masking, whose
+        re-creation needs the round's key agreement, which ends with the round."""
+        answer = self.answers.get(number)
+        if (answer is not None and answer.kind == "shares" and answer.outputs is not None
+                and not self.pairwise.masks(self.queries[number])
+                and all((number, j) in self._acked for j in range(len(self.clients)))):
+            answer.outputs = None
+
     async def _push(self, j: int, number: int, messages: list[Message]) -> None:
         """Send one answer to aggregator j; retry transport failures while the round can use it."""
         client = self.clients[j]
@@ -342,6 +353,7 @@ class SiteAgent(SiteAnswers):
                     else:
                         await client.send(messages[0])
                     self._acked.add((number, j))
+                    self._drop_sent(number)
                     return
                 except TransportError as exc:
                     if loop.time() + delay > give_up:
