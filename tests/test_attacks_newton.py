@@ -338,6 +338,28 @@ def test_at_the_policys_noise_newton_resolves_no_more_of_the_hit_counts_than_fis
         assert not np.array_equal(np.round(_lstsq(A, b)), h)
 
 
+def _recovered(rounds, h: np.ndarray, n1: int) -> tuple[bool, bool]:
+    """(plain least squares, monotone bounded least squares) give the hit counts h exactly."""
+    A, b = _functionals(rounds, n1)
+    L = np.tril(np.ones((h.size, h.size)))  # h = L d, 0 <= d: counts only grow with t
+    d = lsq_linear(A @ L, b, bounds=(0, n1), tol=1e-14, max_iter=10_000).x
+    return np.array_equal(np.round(_lstsq(A, b)), h), np.array_equal(np.round(L @ d), h)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "LEAK NEW WITH NEWTON (a band of asked-for noise): at l2_sensitivity 1.0 (60 times the policy's; allowed, "
+    "more noise) Newton's 8 rounds of 7 numbers resolve 24 of the 28 directions of the pooled hit counts and a "
+    "monotone bounded solve gives them exactly; the Fisher fit's 13 rounds of 3 resolved 21 and gave them to "
+    "neither solve. (From l2 2.0 on, both fits give them: the xfails below.)"))
+def test_newton_rounds_do_not_determine_the_hit_counts_where_fishers_did_not(monkeypatch):
+    fisher, h, n1 = _run(False, monkeypatch, l2=1.0, n=90)
+    assert _recovered(fisher, h, n1) == (False, False)  # the Fisher fit kept them
+    newton, h_n, _ = _run(True, monkeypatch, l2=1.0, n=90)
+    np.testing.assert_array_equal(h, h_n)
+    assert _resolved(_functionals(newton, n1)[0]) > _resolved(_functionals(fisher, n1)[0])
+    assert _recovered(newton, h, n1) == (False, False)
+
+
 @pytest.mark.xfail(strict=True, reason=(
     "LEAK (not new with Newton): with heavy noise asked for (l2_sensitivity 2.0, which the policy allows: "
     "more noise) the fit visits betas far apart, and the exact rounds of one run determine the pooled "
@@ -356,10 +378,7 @@ def test_heavy_noise_newton_rounds_do_not_determine_the_hit_counts(monkeypatch):
                                        "give the same hit counts to a monotone, bounded least-squares solve")
 def test_heavy_noise_fisher_rounds_do_not_determine_the_hit_counts(monkeypatch):
     rounds, h, n1 = _run(False, monkeypatch, l2=2.0, n=90)
-    A, b = _functionals(rounds, n1)
-    L = np.tril(np.ones((h.size, h.size)))  # h = L d, 0 <= d: counts only grow with t
-    d = lsq_linear(A @ L, b, bounds=(0, n1), tol=1e-14, max_iter=10_000).x
-    assert not np.array_equal(np.round(L @ d), h)
+    assert not _recovered(rounds, h, n1)[1]
 
 
 @pytest.mark.xfail(strict=True, reason=(
