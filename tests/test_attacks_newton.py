@@ -155,6 +155,22 @@ def test_a_newton_round_off_the_plan_is_refused_before_any_site_computes(name, n
     assert len(newton_calls) == 3 * (nth - 1)
 
 
+def test_a_beta_nudged_within_the_float_tolerance_is_computed_at_the_sites_own_beta():
+    """Requests may differ from a site's plan by 1e-9 (another machine's libm); the site answers, but always
+    computes with its own beta, so the nudge moves no released number."""
+    honest = Spy(plain := _study())
+    _quiet(sr.roc_glm, plain, "y", "score")
+    study = _study()
+    nudge = lambda q, p, kw: (q, {**p, "beta": [b * (1 + 5e-10) for b in p["beta"]]}, kw)  # noqa: E731
+    sent = _tampered(study, 1, nudge)
+    spy = Spy(study)
+    _quiet(sr.roc_glm, study, "y", "score")
+    assert sent and sent["params"]["beta"] != honest.glm[0][1]["beta"]
+    for (_, _, a), (_, _, b) in zip(honest.glm, spy.glm):
+        for key in ("score", "observed", "deviance"):
+            np.testing.assert_array_equal(np.asarray(a[key]), np.asarray(b[key]))
+
+
 @pytest.mark.parametrize("beta", [[float("nan"), 0.0], [float("inf"), 1.0], [1e308, 1e308], ["0", "1"], [0.0],
                                   [0.0, 1.0, 2.0], None, {"0": 1.0}])
 def test_a_malformed_newton_beta_is_refused_before_any_site_computes(beta, newton_calls):
@@ -489,6 +505,34 @@ def test_degenerate_data_never_make_a_site_refuse_a_newton_round(kind, mode, gri
     for site in study.site_objects.values():
         ended = {r.ended for r in site.runs.runs.values()}
         assert ended == {"its plan is complete"}, ended
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.tuples(st.integers(2, 12), st.integers(2, 12)), min_size=2, max_size=4),
+       st.sampled_from(["dp", "non-private"]), st.sampled_from(["half", "strict"]), st.integers(0, 2**32 - 1),
+       st.sampled_from([3, 30, 400]))
+def test_any_small_data_never_make_the_parties_plans_part(sizes, mode, ties, seed, grid):
+    """Random small sites (2-12 records per class), scores on a coarse grid with both range ends: whatever
+    happens, no site refuses a round as off its plan, and every site's copy of the plan ends as the
+    analyst's does (complete with a result, or stopped where the analyst's stopped)."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for k, (n0, n1) in enumerate(sizes):
+        y = rng.permutation(np.r_[np.zeros(n0, int), np.ones(n1, int)])
+        s = np.round(np.clip(rng.normal(0.5 + 0.2 * (y - 0.5) * rng.uniform(-3, 3), 0.3), 0, 1), 1)
+        data[f"s{k}"] = {"y": y, "score": s}
+    study = _study(data, min_cell_count=1, rocglm_thresholds=grid, privacy_level=4)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sr.roc_glm(study, "y", "score", epsilon=None if mode == "non-private" else "auto", ties=ties)
+        expected = {"its plan is complete"}
+    except PolicyError:
+        raise
+    except (sr.SecAggError, ValueError, ArithmeticError) as exc:
+        expected = {f"its plan stopped: {type(exc).__name__}"}
+    for site in study.site_objects.values():
+        assert {r.ended for r in site.runs.runs.values()} == expected
 
 
 def test_tiny_sites_and_one_positive():
