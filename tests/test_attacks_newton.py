@@ -127,7 +127,7 @@ TAMPERINGS = {
     "first beta nudged": (1, lambda q, p, kw: (q, {**p, "beta": [p["beta"][0] + 1e-6, p["beta"][1]]}, kw)),
     "first beta far out": (1, lambda q, p, kw: (q, {**p, "beta": [-60.0, 1000.0]}, kw)),
     "later beta chosen": (2, lambda q, p, kw: (q, {**p, "beta": [0.5, 3.0]}, kw)),
-    "later beta = the first again": (2, lambda q, p, kw: (q, {**p, "beta": [0.0, 0.0]}, kw)),
+    "later beta at zero (Fisher's start)": (2, lambda q, p, kw: (q, {**p, "beta": [0.0, 0.0]}, kw)),
     "another grid": (1, _design(grid=10)),
     "other ties": (1, _design(ties="strict")),
     "another reference": (1, _design(reference="0" * 64)),
@@ -536,8 +536,8 @@ def test_any_small_data_never_make_the_parties_plans_part(sizes, mode, ties, see
 
 
 def test_tiny_sites_and_one_positive():
-    """Two records per class at one site is below q: that site is refused at the join (by the rule, before any
-    score leaves it); without it, a run over the rest is the plan as usual."""
+    """Three records at one site is below q, one positive below the minimum cell: that site does not join
+    (by the rule, before any score leaves any site); without it, a run over the rest is the plan as usual."""
     rng = np.random.default_rng(1)
     data = {f"s{k}": {"y": np.r_[np.zeros(6, int), np.ones(6, int)], "score": rng.random(12)} for k in range(3)}
     data["tiny"] = {"y": np.array([0, 1, 0]), "score": np.array([0.2, 0.9, 0.4])}
@@ -547,6 +547,12 @@ def test_tiny_sites_and_one_positive():
     study = _study(data, min_cell_count=1, allow_dropouts=True)
     result = _quiet(sr.roc_glm, study, "y", "score")
     assert result.contributors == ("s0", "s1", "s2")
+    # A site with one positive among enough records: under the default minimum cell it does not join.
+    data["tiny"] = {"y": np.r_[np.zeros(9, int), 1], "score": rng.random(10)}
+    study = _study(data)
+    with pytest.raises(sr.SecAggError, match="tiny.*a class of label y has fewer than 5 records"):
+        _quiet(sr.roc_glm, study, "y", "score")
+    assert all(study.ledger(s).spent().releases == 0 for s in study.sites)
 
 
 # 4 -- robustness of the Newton steps --------------------------------------------------------------------
