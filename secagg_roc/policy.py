@@ -44,6 +44,12 @@ ACCOUNTING = ("gaussian", "basic")
 MAX_HISTOGRAM_BINS = 1 << 20
 #: Slack for comparing privacy parameters computed on different machines.
 REL_TOL = 1e-9
+#: The most noise a DP release may carry, as a multiple of the policy's least noise. Noise far above the
+#: policy's costs almost nothing under the accounting, yet the exact rounds that follow it in the same run (the
+#: ROC-GLM's fit against the released sample) still speak about the true scores: with a DP sample that says
+#: nothing, such a fit visits coefficients far apart, and a few runs at 60-125x the policy's noise determined
+#: the pooled per-threshold counts of the positives' exact scores (tests/test_attacks_newton.py).
+MAX_NOISE_FACTOR = 8.0
 
 
 def _positive(value: Any, what: str) -> float:
@@ -279,11 +285,12 @@ class Policy:
                 )
 
     def check_dp(self, epsilon: Any, delta: Any, l2_sensitivity: Any, mechanism: Any) -> DPRequest:
-        """The DP release an analysis asks for, if the policy allows it: never less noise than the policy's.
+        """The DP release an analysis asks for, if the policy allows it: never less noise than the policy's,
+        nor more than `MAX_NOISE_FACTOR` times it.
 
         None for any argument takes the policy's value. Refuses larger epsilon or
         delta, a smaller l2-sensitivity, and any combination whose noise would
-        fall below the policy's least noise.
+        fall below the policy's least noise or above the cap.
         """
         if self.dp is None:
             raise PolicyError(
@@ -316,6 +323,12 @@ class Policy:
             raise PolicyError(
                 f"policy: the {mech} mechanism at epsilon {eps:g}, delta {dl:g} adds noise sigma = {sigma:.6g}, "
                 f"less than the policy's least noise {dp.sigma:.6g}"
+            )
+        if sigma > MAX_NOISE_FACTOR * dp.sigma * (1 + REL_TOL):
+            raise PolicyError(
+                f"policy: the {mech} mechanism at epsilon {eps:g}, delta {dl:g}, l2-sensitivity {l2:g} adds noise "
+                f"sigma = {sigma:.6g}, more than {MAX_NOISE_FACTOR:g} times the policy's noise {dp.sigma:.6g}: "
+                "a release that cheap would leave the exact rounds after it to speak about the true scores"
             )
         return DPRequest(eps, dl, l2, mech, sigma)
 

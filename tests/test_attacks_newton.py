@@ -25,6 +25,7 @@ from scipy.optimize import lsq_linear
 from scipy.special import log_ndtr, ndtri
 
 import secagg_roc as sr
+from secagg_roc.policy import MAX_NOISE_FACTOR
 import secagg_roc.stats.rocglm as rocglm_module
 from secagg_roc import DPPolicy, Policy, PolicyError
 from secagg_roc.plans.runner import join_params
@@ -362,74 +363,30 @@ def _recovered(rounds, h: np.ndarray, n1: int) -> tuple[bool, bool]:
     return np.array_equal(np.round(_lstsq(A, b)), h), np.array_equal(np.round(L @ d), h)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "LEAK NEW WITH NEWTON (a band of asked-for noise): at l2_sensitivity 1.0 (60 times the policy's; allowed, "
-    "more noise) Newton's 8 rounds of 7 numbers resolve 24 of the 28 directions of the pooled hit counts and a "
-    "monotone bounded solve gives them exactly; the Fisher fit's 13 rounds of 3 resolved 21 and gave them to "
-    "neither solve. (From l2 2.0 on, both fits give them: the xfails below.)"))
-def test_newton_rounds_do_not_determine_the_hit_counts_where_fishers_did_not(monkeypatch):
-    fisher, h, n1 = _run(False, monkeypatch, l2=1.0, n=90)
-    assert _recovered(fisher, h, n1) == (False, False)  # the Fisher fit kept them
-    newton, h_n, _ = _run(True, monkeypatch, l2=1.0, n=90)
+@pytest.mark.parametrize("l2", [1.0, 2.0, 2.0 + 0.05 * 7])
+def test_heavy_noise_that_would_let_the_fit_give_the_hit_counts_is_refused_before_any_release(l2, newton_calls):
+    """Found by this red team: at l2_sensitivity 1.0 (60x the policy's noise) Newton's rounds of one run gave
+    the pooled per-threshold hit counts h exactly to a bounded solve, and from 2.0 both fits gave them; eight
+    such runs, nearly free under the gaussian accounting, pinned every positive's exact score. The policy now
+    caps the noise an analyst may ask for at `MAX_NOISE_FACTOR` times its own, refused at the join: no site
+    releases, spends or computes anything."""
+    study = _study(_data(90, 0)[2])
+    with pytest.raises(PolicyError, match=f"more than {MAX_NOISE_FACTOR:g} times the policy's noise"):
+        _quiet(sr.roc_glm, study, "y", "score", l2_sensitivity=l2)
+    assert newton_calls == []
+    assert all(study.ledger(site).spent().releases == 0 for site in study.sites)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_at_the_noise_cap_neither_fit_gives_the_hit_counts(monkeypatch, seed):
+    """The most noise allowed (the cap): the rounds of Newton's fit, and of the Fisher fit it replaced, leave
+    the pooled hit counts undetermined to plain and to monotone bounded least squares."""
+    l2 = MAX_NOISE_FACTOR * DP.l2_sensitivity
+    fisher, h, n1 = _run(False, monkeypatch, l2=l2, seed=seed, n=90)
+    newton, h_n, _ = _run(True, monkeypatch, l2=l2, seed=seed, n=90)
     np.testing.assert_array_equal(h, h_n)
-    assert _resolved(_functionals(newton, n1)[0]) > _resolved(_functionals(fisher, n1)[0])
+    assert _recovered(fisher, h, n1) == (False, False)
     assert _recovered(newton, h, n1) == (False, False)
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "LEAK (not new with Newton): with heavy noise asked for (l2_sensitivity 2.0, which the policy allows: "
-    "more noise) the fit visits betas far apart, and the exact rounds of one run determine the pooled "
-    "per-threshold hit counts h -- an exact histogram of the positives' true scores on bin edges the analyst "
-    "knows from the DP release, with cells below min_cell_count possible. Newton's rounds give h by plain "
-    "least squares; the Fisher fit's gave it too, to a monotone bounded solve (next test)."))
-def test_heavy_noise_newton_rounds_do_not_determine_the_hit_counts(monkeypatch):
-    rounds, h, n1 = _run(True, monkeypatch, l2=2.0, n=90)
-    A, b = _functionals(rounds, n1)
-    cells = np.diff(np.r_[0.0, h])
-    assert 0 < cells[cells > 0].min() < 5  # a real histogram, with cells below min_cell_count
-    assert not np.array_equal(np.round(_lstsq(A, b)), h)
-
-
-@pytest.mark.xfail(strict=True, reason="LEAK predating Newton: the Fisher fit's rounds at the same heavy noise "
-                                       "give the same hit counts to a monotone, bounded least-squares solve")
-def test_heavy_noise_fisher_rounds_do_not_determine_the_hit_counts(monkeypatch):
-    rounds, h, n1 = _run(False, monkeypatch, l2=2.0, n=90)
-    assert not _recovered(rounds, h, n1)[1]
-
-
-@pytest.mark.xfail(strict=True, reason=(
-    "LEAK (not new with Newton, worse with it): eight runs that each ask for a new heavy-noise release "
-    "(l2_sensitivity 2.0, 2.05, ...: mu = 0.027 in all under the gaussian accounting) each give the pooled hit "
-    "counts exactly, on other bin edges the analyst knows from the release; together they pin every positive's "
-    "exact score (as a sorted list) to a median interval of width 0.025, where the DP release's noise has sd > 1"))
-def test_heavy_noise_runs_do_not_pin_the_positives_exact_scores():
-    y, s, data = _data(90, 0)
-    n1 = int((y == 1).sum())
-    dp = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=1.0, budget_delta=0.5)
-    study = _study(data, dp=dp)
-    cuts_of = threshold_fractions(default_thresholds(30), 30)
-    candidates = np.linspace(0.0, 1.0, 20_001)
-    rank = np.arange(n1)
-    lo, hi = np.zeros(n1), np.ones(n1)  # what the analyst knows of the r-th smallest positive score
-    for k in range(8):
-        spy = Spy(study)
-        _quiet(sr.roc_glm, study, "y", "score", l2_sensitivity=2.0 + 0.05 * k)
-        h = np.round(_lstsq(*_functionals(spy.glm, n1)))
-        negatives = np.sort(np.concatenate([np.asarray(r["negative"]) for r in spy.dp[0].values()]))
-        num, den = placement_numerators(negatives, candidates, ties="half")
-        cuts = np.array([(f.numerator * den) // f.denominator for f in cuts_of])
-        hit = num[None, :] <= cuts[:, None]  # hit[j, c]: a positive scoring candidates[c] counts at t_j
-        for j in range(h.size):
-            inside = candidates[hit[j]]
-            if 0 < inside.size < candidates.size:
-                edge = inside.min()  # counted at t_j exactly when its score is >= edge (PV falls as s grows)
-                below = int(n1 - h[j])  # so this many positives score below the edge
-                hi[rank < below] = np.minimum(hi[rank < below], edge)
-                lo[rank >= below] = np.maximum(lo[rank >= below], edge - 1e-4)
-    truth = np.sort(s[y == 1])
-    assert all(study.ledger(site).spent().within_budget for site in study.sites)
-    assert np.all((lo <= truth) & (truth <= hi))  # the analyst's brackets are right ...
-    assert np.median(hi - lo) > 0.05  # ... and (the leak) narrow
 
 
 # 3 -- the start: the same at every party, whatever the data ---------------------------------------------

@@ -186,3 +186,15 @@ def test_mutated_messages_never_corrupt_an_aggregator(config, data: st.DataObjec
         state.apply(kind, message, number=5, at=1.0, body=bytes(raw))
     except SecAggError:
         assert _snapshot(state) == before  # a refusal never changes anything
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -0.5, 1.5])
+def test_an_auc_release_outside_0_1_is_refused_on_decoding(value: float) -> None:
+    """Found by the edge-value fuzz above: a NaN AUC decoded, and NaN != NaN broke the re-encoding check."""
+    import struct
+
+    raw = AucRelease(RID, 0.75).encode()
+    forged = raw[:-8] + struct.pack("<d", value)
+    with pytest.raises(MessageError, match=r"an AUC in \[0, 1\]"):
+        decode(forged)
+    assert decode(raw).value == 0.75

@@ -467,8 +467,8 @@ def test_dp_releases_with_ever_more_noise_stay_within_the_composed_budget():
                 sr.roc_glm(study, "y", "score", l2_sensitivity=dp.l2_sensitivity * k)
                 granted += 1
             except PolicyError as exc:
-                assert "privacy budget" in str(exc)
-    assert 1 <= granted < 11
+                assert "privacy budget" in str(exc) or (k > 8 and "more than 8 times the policy's noise" in str(exc))
+    assert 1 <= granted <= 8
     for s in study.sites:
         spent = study.ledger(s).spent()
         assert spent.within_budget and spent.releases == granted

@@ -107,4 +107,7 @@ class AucRelease(Message):
         raw = r.raw("value", 8)
         if len(raw) != 8:
             raise MessageError("an AUC release carries one float64")
-        return cls(rid, struct.unpack("<d", raw)[0])
+        value = struct.unpack("<d", raw)[0]
+        if not 0.0 <= value <= 1.0:  # NaN fails this too: an AUC is a number in [0, 1]
+            raise MessageError(f"an AUC release carries an AUC in [0, 1], not {value!r}")
+        return cls(rid, value)
