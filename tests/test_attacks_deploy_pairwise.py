@@ -244,7 +244,8 @@ def test_every_phase_refuses_a_site_speaking_for_another_malformed_or_twice_and_
 
 
 def _play_to_masked(cluster: LocalCluster, run: str, xs: dict[str, int]):
-    """Four honest hand-played sites through the key agreement; every site's masked input accepted."""
+    """Four honest hand-played sites through the key agreement; the masked inputs `xs` (site -> value) of the
+    sites it names accepted."""
     number, query, clients = _open_join(cluster, run)
     for s in SITES:
         _post(cluster, s, number, "keys", pack([clients[s].advertise_keys()]))
@@ -253,8 +254,8 @@ def _play_to_masked(cluster: LocalCluster, run: str, xs: dict[str, int]):
         _post(cluster, s, number, "shares", pack(clients[s].share_keys(nk)))
     for s in SITES:
         clients[s].receive_shares(_until(lambda s=s: _poll(cluster, s, number, "shares")))
-    for s in SITES:
-        share = _masked_share(query, s, clients[s], xs[s])
+    for s, x in xs.items():
+        share = _masked_share(query, s, clients[s], x)
         call_as(cluster, s, 0, lambda c, share=share: c.send(share))
     return number, query, clients
 

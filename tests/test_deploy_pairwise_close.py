@@ -26,7 +26,7 @@ from secagg_roc.errors import PolicyError, RoundError
 from secagg_roc.messages import CloseRound
 
 from deploy_client import call_as
-from test_attacks_deploy_pairwise import SITES, _close_async, _log, _masked_share, _open_join, _poll, _post, _until
+from test_attacks_deploy_pairwise import SITES, _close_async, _log, _play_to_masked, _poll, _post, _until
 from test_attacks_deploy_pairwise import make_data
 
 pytestmark = [pytest.mark.slow]
@@ -43,18 +43,7 @@ def _cluster(folder: Path) -> LocalCluster:
 def _masked(cluster: LocalCluster, run: str, senders) -> tuple:
     """Run `run`'s join played by hand: every site through the key agreement, `senders` send masked inputs
     of 1 each. (number, query, clients)."""
-    number, query, clients = _open_join(cluster, run)
-    for s in SITES:
-        _post(cluster, s, number, "keys", pack([clients[s].advertise_keys()]))
-    for s in SITES:
-        (nk,) = _until(lambda s=s: _poll(cluster, s, number, "keys"))
-        _post(cluster, s, number, "shares", pack(clients[s].share_keys(nk)))
-    for s in SITES:
-        clients[s].receive_shares(_until(lambda s=s: _poll(cluster, s, number, "shares")))
-    for s in senders:
-        share = _masked_share(query, s, clients[s], 1)
-        call_as(cluster, s, 0, lambda c, share=share: c.send(share))
-    return number, query, clients
+    return _play_to_masked(cluster, run, {s: 1 for s in senders})
 
 
 def _answer(cluster: LocalCluster, number: int, clients, sites) -> None:
