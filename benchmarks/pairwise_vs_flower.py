@@ -75,7 +75,7 @@ def ours_round(xs: dict[int, np.ndarray], graph, t: int, dropped: set[int]) -> t
         if s in dropped:
             continue
         timed(s, clients[s].receive_shares, server.shares_for(s))
-        masked.append(timed(s, lambda s=s: clients[s].mask(codec.encode(xs[s]))))
+        masked.append(timed(s, lambda s=s: clients[s].mask(codec.encode(xs[s]), in_place=True)))  # as the library does
     t0 = time.perf_counter()
     for m in masked:
         server.receive_masked(m)

@@ -309,7 +309,7 @@ class PairwiseRelay:
             raise RoundError(f"{r.round_id}: the masked inputs are not unmasked yet (phase {trial.phase})")
         check_survivors(r.query, trial.unmask_request(), self.index, close.contributors)
         length = r.accepted[close.contributors[0]].length if close.contributors else 0
-        correction = trial.total(np.zeros(length, dtype=np.uint64))  # minus every mask left in the sum
+        correction = trial.total(np.zeros(length, dtype=np.uint64), in_place=True)  # minus every mask left in the sum
 
         def release(share: AggregateShare) -> AggregateShare:
             total = np.add(share.vector, correction, dtype=np.uint64)

@@ -139,16 +139,20 @@ class PairwiseClient:
         del self._c_sk, self._channel  # no further use; do not keep key material longer than needed
         self._phase = "received"
 
-    def mask(self, x: np.ndarray) -> MaskedInput:
+    def mask(self, x: np.ndarray, *, in_place: bool = False) -> MaskedInput:
         """Run by a Site: y = x + PRG(b_u) + sum_{v>u} PRG(s_uv) - sum_{v<u} PRG(s_uv) (mod 2^64).
 
-        `x` is the site's encoded ring vector (1-d uint64, e.g. from `FixedPoint.encode`); it is not kept."""
+        `x` is the site's encoded ring vector (1-d uint64, e.g. from `FixedPoint.encode`); it is not kept.
+        With `in_place`, `x` itself (C-contiguous and writable) is masked and becomes y: no 8 MB copy
+        at d = 1e6, for a caller whose encoded vector is fresh and used for nothing else."""
         self._expect("received", MASKED_INPUT)
         x = np.asarray(x)
         if x.dtype != np.uint64 or x.ndim != 1:
             raise EncodingError(f"mask takes a 1-d uint64 ring vector (FixedPoint.encode output), "
                                 f"got {x.dtype} of shape {x.shape}")
-        y = np.array(x, dtype=np.uint64, order="C", copy=True)
+        if in_place and not (x.flags.c_contiguous and x.flags.writeable):
+            raise ValueError("mask(in_place=True) needs a C-contiguous, writable vector")
+        y = x if in_place else np.array(x, dtype=np.uint64, order="C", copy=True)
         prg.add_stream(kx.self_mask_seed(self._b, self.round_id, self.site), y)
         for v in sorted(self._mask_peers):
             shared = kx.agree(self._s_sk, self._peers[v].s_public)

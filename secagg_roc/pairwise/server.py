@@ -220,19 +220,30 @@ class PairwiseServer:
             self._s_shares.setdefault(owner, {})[msg.site] = share
         self._responded.add(msg.site)
 
-    def total(self, masked_sum: np.ndarray | None = None) -> np.ndarray:
-        """Run by the server: the exact sum of the survivors' inputs, mod 2^64 (closes Unmasking).
+    def total(self, masked_sum: np.ndarray | None = None, *, in_place: bool = False) -> np.ndarray:
+        """Run by the server: the exact sum of the survivors' inputs, mod 2^64 (closes Unmasking); read-only.
 
-        `masked_sum` is the survivors' masked vectors summed elsewhere (after `note_masked`); by default
-        the sum `receive_masked` kept."""
+        `masked_sum` is the survivors' masked vectors summed elsewhere (after `note_masked`), unmasked on a
+        copy unless `in_place`; by default the sum `receive_masked` kept, unmasked where it lies. Every
+        seed and key is rebuilt and checked before the sum is touched: a refusal leaves it as it was."""
         if self._total is not None:
-            return self._total.copy()
+            return self._total
         self._need(UNMASKING, "total")
-        req, t = self._request, self.threshold
         kept = self._acc if masked_sum is None else masked_sum
         if kept is None:
             raise RoundError("total refused: no masked input was summed")
-        acc = np.array(kept, dtype=np.uint64, copy=True)  # a copy: a failure below leaves the sum as it was
+        streams = self._unmasking_streams()
+        acc = kept if masked_sum is None or in_place else np.array(kept, dtype=np.uint64, copy=True)
+        for seed, subtract in streams:
+            prg.add_stream(seed, acc, subtract=subtract)
+        acc.flags.writeable = False  # handed out again on a retry: nobody may change it meanwhile
+        self.live[UNMASKING] = frozenset(self._responded)
+        self.phase, self._total, self._acc = _DONE, acc, None
+        return acc
+
+    def _unmasking_streams(self) -> list[tuple[bytes, bool]]:
+        """The seeds whose streams the sum still holds, and whether each is subtracted (True) or added."""
+        req, t = self._request, self.threshold
         for v in sorted(req.survivors):
             shares = self._b_shares.get(v, {})
             if len(shares) < t:
@@ -241,9 +252,8 @@ class PairwiseServer:
             shares = self._s_shares.get(v, {})
             if self.graph[v] & req.survivors and len(shares) < t:
                 raise TooFewSurvivors(UNMASKING, len(shares), t, f"the holders of dropped site {v}'s mask key")
-        for v in sorted(req.survivors):
-            b = shamir.reconstruct(self._b_shares[v], t)
-            prg.add_stream(kx.self_mask_seed(b, self.round_id, v), acc, subtract=True)
+        streams = [(kx.self_mask_seed(shamir.reconstruct(self._b_shares[v], t), self.round_id, v), True)
+                   for v in sorted(req.survivors)]
         for v in sorted(req.dropped):
             if not self.graph[v] & req.survivors:
                 continue  # no survivor masked with v
@@ -251,9 +261,6 @@ class PairwiseServer:
             if kx.public_of(sk) != self._keys[v].s_public:
                 raise RoundError(f"Unmasking: the key rebuilt for dropped site {v} does not match the key it "
                                  "advertised: some shares are wrong")
-            for u in sorted(self.graph[v] & req.survivors):
-                seed = kx.pair_mask_seed(kx.agree(sk, self._keys[u].s_public), self.round_id, u, v)
-                prg.add_stream(seed, acc, subtract=v > u)  # undo what u added (v > u) or subtracted
-        self.live[UNMASKING] = frozenset(self._responded)
-        self.phase, self._total, self._acc = _DONE, acc, None
-        return acc.copy()
+            for u in sorted(self.graph[v] & req.survivors):  # undo what u added (v > u) or subtracted
+                streams.append((kx.pair_mask_seed(kx.agree(sk, self._keys[u].s_public), self.round_id, u, v), v > u))
+        return streams

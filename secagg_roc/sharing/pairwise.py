@@ -117,7 +117,7 @@ class PairwiseSharing(SharingScheme):
         if session is None:
             raise RoundError("a pairwise-masked share needs this round's key agreement: the site took no part in "
                              "it, or already answered the round (its masks are used once)")
-        return [Payload(vector=session.mask(encoded).y)]
+        return [Payload(vector=session.mask(encoded, in_place=True).y)]  # encoded is this share's own buffer
 
     def split(self, encoded: np.ndarray, *, holder: int = 0) -> list[Payload]:
         raise ValueError("pairwise masking is interactive: use share() with the round's session")
