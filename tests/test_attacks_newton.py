@@ -245,12 +245,9 @@ def test_a_rocglm_run_without_one_site_is_refused_before_its_newton_rounds(newto
     assert len(newton_calls) == computed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "GAP (the change makes it likely): a site whose operator's allowed_queries predate glm.newton (a list "
-    "naming glm.fisher, as the ROC-GLM needed before) joins a rocglm run and makes its DP release, charged to "
-    "its budget, before it refuses the first Newton round: the whitelist is not checked against the plan at "
-    "the join"))
 def test_a_site_that_does_not_allow_glm_newton_spends_no_budget_on_a_rocglm_run():
+    # A whitelist that predates glm.newton (it names glm.fisher, as the ROC-GLM needed before): the site refuses
+    # the run at its join, because the plan declares glm.newton, not at the first Newton round after its release.
     study = _study()
     site = study.site_objects["s2"]
     site.data = dataclasses.replace(site.data, allowed_queries=frozenset(set(QUERIES) - {"glm.newton"}))
