@@ -193,7 +193,7 @@ class Site:
                 "only the rounds of a run's plan"
             )
         info, step = self.runs.expect(run, number)
-        self.runs.declares(run, query.name, self.data)  # a declared query the whitelist allows, before the step
+        self.runs.check_query(run, query.name, self.data)  # a declared query the whitelist allows, before the step
         asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
         # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
         problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)

@@ -5,14 +5,15 @@ its policy and already canonical, the analyst's policy digest is its own,
 its operator's `allowed_queries` hold every site query the plan declares for
 the run (`Plan.run_queries`: refused here, before anything is released or
 charged, and before the data are looked at, so the refusal depends on the
-policy and the plan alone), and its data pass the analysis's checks (and hold enough records: q for an
-analysis that releases per-site values, the minimum cell count for a table),
+policy and the plan alone), and its data pass the analysis's checks (and
+hold enough records: q for an analysis that releases per-site values, the
+minimum cell count for a table),
 and no class of a label is a small group (`queries.groups`; an analysis
 adds its own checks, such as the GLM's on covariates). When the join's release arrives (from the
 aggregators), the site checks the contributor set against the policy and
 starts its copy of the plan; each later release moves that copy one step on.
-A round is answered only if it asks for a query the run declared (`declares`)
-and is the next step: same query, same
+A round is answered only if it asks for a query the run declared, which the
+whitelist allows (`check_query`), and is the next step: same query, same
 public parameters (floats within `base.REL_TOL`), same precision, same run,
 next step number; the site then computes with its own parameters.
 """
@@ -96,7 +97,7 @@ class SiteRuns:
                 f"site {self.site!r}: the arguments of run {run!r} are not in the canonical form the "
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
-        self._check_whitelist(run, plan, canon, data)
+        self._check_queries(run, plan, canon, data)
         problems = role_problems(data, plan.uses(canon))
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
@@ -113,19 +114,19 @@ class SiteRuns:
             )
         return plan, canon
 
-    def _check_whitelist(self, run: str, plan: Plan, args: dict[str, Any], data: SiteData) -> None:
+    def _check_queries(self, run: str, plan: Plan, args: dict[str, Any], data: SiteData) -> None:
         """Refuse a run whose plan declares a site query the operator's `allowed_queries` lack.
 
         Checked at the join, before any of the run's releases (a DP release would be charged to the budget
         before a later round was refused) and before the data are: what the analyst learns from the
         refusal follows from the site's policy and the run's declaration alone."""
-        if data.allowed_queries is None:
-            return
         try:
-            queries = plan.run_queries(self.policy, args)
-        except (ValueError, TypeError) as exc:
+            queries = plan.run_queries(self.policy, args)  # (a plan's bug is refused here too, with or without a list)
+        except (ValueError, TypeError, KeyError) as exc:
             raise PolicyError(f"site {self.site!r}: the {plan.name!r} plan declares no queries for run "
                               f"{run!r}: {exc}") from None
+        if data.allowed_queries is None:
+            return
         refused = sorted(queries - data.allowed_queries)
         if refused:
             names = ", ".join(repr(q) for q in refused)
@@ -169,7 +170,7 @@ class SiteRuns:
 
     # -- rounds -----------------------------------------------------------------------
 
-    def declares(self, run: str, query: str, data: SiteData) -> None:
+    def check_query(self, run: str, query: str, data: SiteData) -> None:
         """Refuse a round of `run` (joined, checked by `expect`) that asks for a query its plan did not declare
         at the join (the whitelist was checked against that declaration), or one the whitelist lacks: checked
         again on every round, as `queries.run_site_query` does once more before it computes."""
@@ -214,9 +215,7 @@ class SiteRuns:
     def restore_ended(self, info: RunInfo, number: int, ended: str) -> None:
         """Put back a run that had ended, as a compacted log keeps it (run by a restarting Site agent): it
         takes no more rounds, and its id is not joined again."""
-        plan = get_plan(info.analysis)
-        self.runs[info.run] = _Run(plan, dict(info.args), info, None, None, int(number), ended,
-                                   plan.run_queries(self.policy, dict(info.args)))
+        self.runs[info.run] = _Run(get_plan(info.analysis), dict(info.args), info, None, None, int(number), ended)
 
     def info(self, run: str) -> RunInfo | None:
         state = self.runs.get(run)
