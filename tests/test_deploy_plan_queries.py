@@ -139,6 +139,17 @@ def test_a_round_asking_for_a_query_outside_its_runs_declaration_is_refused_by_t
     assert _ledgers(cluster) == before  # the DP release a Brier run never declared: nothing charged
 
 
+def test_site_check_tells_the_operator_which_analyses_its_whitelist_refuses(cluster):
+    from secagg_roc.deploy.site_check import site_check
+
+    text, clean = site_check(cluster.config, "site-c")
+    assert clean and f"allowed_queries: {len(WHITELISTS['site-c'])} site queries" in text
+    assert "  rocglm: a run that sends glm.newton is refused at its join (not in allowed_queries)" in text
+    assert "  brier:" not in text and "  coords:" not in text
+    text, _ = site_check(cluster.config, "site-a")
+    assert "allowed_queries" not in text  # no whitelist: every query is answered
+
+
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(case=st.sampled_from(CASES))
 def test_any_run_is_refused_at_the_join_with_nothing_spent_or_completes(cluster, study, case):
