@@ -172,6 +172,20 @@ def test_a_step_outside_the_declaration_is_refused_by_the_shared_check() -> None
         checked_step(brier, brier.queries, Step("sum", {"array": "age"}))
 
 
+def test_the_operators_table_of_each_analysis_queries_is_its_plans_declaration() -> None:
+    """docs/study-file.md tells an operator what to allow for each analysis: it must be `Plan.queries`."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "study-file.md").read_text()
+    table = doc.split("## Which site queries each analysis sends", 1)[1]
+    rows = {}
+    for line in table.splitlines():
+        cells = line.split(" | ")
+        if line.startswith("| `") and len(cells) == 2:
+            rows[cells[0].strip("| `")] = frozenset(re.findall(r"`([a-z0-9_.]+)`", cells[1])) & set(QUERIES)
+    assert rows == {name: p.queries for name, p in PLANS.items()}
+
+
 # 2 -- (a) a run the whitelist would stop later is refused at its join, nothing spent ------------------------
 
 
