@@ -4,9 +4,13 @@ Run by each Site, in the embedded study and in the deployed site agent alike.
 Before a record is read, every request is checked:
 
 * a run's join: the analysis and its canonical arguments against the site's
-  policy, the analyst's policy digest against the site's own, and the site's
-  data against the analysis (`plans.SiteRuns.check_join`);
-* every later round: it must be exactly the next step of the site's own copy
+  policy, the analyst's policy digest against the site's own, every site query
+  the plan declares for the run against the operator's `allowed_queries`
+  (so a run the whitelist would stop later is refused before it releases or
+  charges anything), and the site's data against the analysis
+  (`plans.SiteRuns.check_join`);
+* every later round: it must ask for a query the run declared, one the
+  whitelist allows, and be exactly the next step of the site's own copy
   of the run's plan (same query, parameters and precision), the plan having
   been fed with the releases the site received from the aggregators;
 * an exact release: the site's ledger refuses a contributor set that could be
@@ -189,6 +193,7 @@ class Site:
                 "only the rounds of a run's plan"
             )
         info, step = self.runs.expect(run, number)
+        self.runs.check_query(run, query.name, self.data)  # a declared query the whitelist allows, before the step
         asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
         # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
         problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)

@@ -55,6 +55,11 @@ MEAN_FRAC_BITS = 16
 SSD_FRAC_BITS = 8
 
 
+def fit_query(newton: bool) -> str:
+    """The site query of a fit's rounds: the observed information too (``glm.newton``) or not (``glm.fisher``)."""
+    return "glm.newton" if newton else "glm.fisher"
+
+
 def _coef_names(X: Sequence[str], n_cols: int, names: Sequence[str] | None) -> list[str]:
     if names is not None:
         names = [str(n) for n in names]
@@ -122,7 +127,7 @@ def fit_design_rounds(
     steps = fisher_steps(p + 1, max_iter=max_iter, tol=tol, start=start)
     records = ctx.run.records
     first = None
-    query = "glm.newton" if newton else "glm.fisher"
+    query = fit_query(newton)
     try:
         beta = next(steps)
         while True:
@@ -188,7 +193,13 @@ def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     return small_groups(data, _glm_uses(args), policy.min_cell_count)
 
 
-@plan("glm", declare=_glm_declare, uses=_glm_uses, data_check=_small_groups)
+def _glm_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    # Centring, scaling (covariates only) and the Fisher-scoring rounds.
+    return {"glm.means", fit_query(False)} | ({"glm.ssd"} if args["X"] else set())
+
+
+@plan("glm", declare=_glm_declare, uses=_glm_uses, data_check=_small_groups,
+      queries={"glm.means", "glm.ssd", fit_query(False)}, sends=_glm_sends)
 def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, GlmResult]:
     """The ``glm`` plan: centring and scaling rounds, then Fisher scoring."""
     cov_names = args["X"]

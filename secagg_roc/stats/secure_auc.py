@@ -67,7 +67,11 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"label": array_name(args, "label"), "score": array_name(args, "score"), "bins": bins}
 
 
-@plan("secure_auc", declare=_declare, uses=label_score_uses)
+#: The kept round of per-class bucket counts whose only release is the AUC.
+SHARES = "histogram.shares"
+
+
+@plan("secure_auc", declare=_declare, uses=label_score_uses, queries={SHARES})
 def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, SecureAuc]:
     """The ``secure_auc`` plan: one kept round of exact per-class bucket counts; its release is the AUC."""
     if ctx.run.records >= MAX_RECORDS:
@@ -76,7 +80,7 @@ def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step,
     # The release's precision is a parameter of the round: every site checks it against its own plan, so the
     # aggregators that round the AUC (`released_auc`) do as the policy says, not as the analyst would like.
     decimals = None if ctx.policy.min_cell_count == 1 else AUC_DECIMALS
-    value = yield Step("histogram.shares", {"label": args["label"], "score": args["score"], "score_range": [lo, hi],
+    value = yield Step(SHARES, {"label": args["label"], "score": args["score"], "score_range": [lo, hi],
                                             "bins": args["bins"], "decimals": decimals})
     return SecureAuc(float(value), ctx.run.records, ctx.run.contributors, args["bins"])
 
