@@ -306,12 +306,16 @@ def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, fra
     return _digest(study, name, plain, frac_bits).hex()
 
 
-def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None) -> tuple[SiteQuery, QueryResult]:
-    """Run by the Site: check the whitelist, run the query, cast its outputs to their declared kinds."""
+def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None, *,
+                   canonical: bool = False) -> tuple[SiteQuery, QueryResult]:
+    """Run by the Site: check the whitelist, run the query, cast its outputs to their declared kinds.
+
+    `canonical` says `params` are canonical already (a plan `Step`'s own): the query reads them as they are
+    (queries only read their parameters)."""
     query = lookup(name)
     if site.allowed_queries is not None and name not in site.allowed_queries:
         raise SiteQueryError(f"site {site.name!r}: query {name!r} is not allowed by this site's policy")
-    result = query.func(site, canonical_params(params))
+    result = query.func(site, params if canonical and type(params) is dict else canonical_params(params))
     if not isinstance(result, QueryResult) or set(result.values) != set(query.outputs):
         raise SiteQueryError(f"site {site.name!r}: query {name!r} did not return its declared outputs")
     if int(result.records) < 0:
