@@ -46,6 +46,9 @@ from .queries.run import JOIN
 from .ring import FixedPoint, RawFloat
 from .sharing import SharingScheme
 
+#: `json.dumps(value, sort_keys=True)`, its encoder made once.
+_SORTED_JSON = json.JSONEncoder(sort_keys=True).encode
+
 #: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
 MAX_PENDING_ROUNDS = 1024
 
@@ -280,7 +283,7 @@ class Site:
 
     def _release_key(self, step: Step) -> str:
         """The ledger's key of a DP release: this study, the step's query and parameters, this site's data."""
-        blob = json.dumps([self.study, step.query, canonical_params(step.params), self.data_digest], sort_keys=True)
+        blob = _SORTED_JSON([self.study, step.query, canonical_params(step.params), self.data_digest])
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _noised_sum(self, info: RunInfo, number: int, step: Step, replay: bool) -> tuple[Mapping, int, list]:

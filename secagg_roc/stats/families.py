@@ -41,7 +41,8 @@ _HALF_LOG_2PI = 0.5 * np.log(2.0 * np.pi)
 
 
 def fisher_parts(
-    y: np.ndarray, X: np.ndarray, w: np.ndarray, beta: np.ndarray, family: str, *, observed: bool = False
+    y: np.ndarray, X: np.ndarray, w: np.ndarray, beta: np.ndarray, family: str, *, observed: bool = False,
+    fixed: dict | None = None,
 ) -> tuple:
     """Score vector, Fisher information and deviance of a binomial GLM at `beta`.
 
@@ -50,12 +51,19 @@ def fisher_parts(
     with `observed`, also the observed information (minus the log-likelihood's
     Hessian) as a fourth item: Newton's step, which for the probit link
     converges in about half the rounds of Fisher scoring (for the canonical
-    logit link the two informations are equal).
+    logit link the two informations are equal). `fixed` (a dict kept with one
+    `y`, empty at first) keeps the terms of `y` alone for the next call.
     """
     eta = X @ beta
     log_mu, log_1mu = log_mean(eta, family)
     hess_w = None
-    y0 = 1.0 - y  # (each use below reads the same values: computed once)
+    if fixed is not None and "y0" in fixed:
+        y0, sat_1, sat_0 = fixed["y0"], fixed["sat_1"], fixed["sat_0"]
+    else:  # (each use below reads the same values: computed once)
+        y0 = 1.0 - y
+        sat_1, sat_0 = xlogy(y, y), xlogy(y0, y0)
+        if fixed is not None:
+            fixed.update(y0=y0, sat_1=sat_1, sat_0=sat_0)
     if family == "logit":
         mu = np.exp(log_mu)
         resid = y - mu  # mu' / V = 1 for the canonical link
@@ -72,7 +80,7 @@ def fisher_parts(
     score = X.T @ (w * resid)
     info = (X * (w * info_w)[:, None]).T @ X
     # Binomial deviance against the saturated model; xlogy makes 0 * log 0 = 0.
-    dev = 2.0 * np.sum(w * (xlogy(y, y) - y * log_mu + xlogy(y0, y0) - y0 * log_1mu))
+    dev = 2.0 * np.sum(w * (sat_1 - y * log_mu + sat_0 - y0 * log_1mu))
     if not observed:
         return score, info, float(dev)
     obs = info if hess_w is None else (X * (w * hess_w)[:, None]).T @ X
