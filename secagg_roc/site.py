@@ -410,7 +410,8 @@ class Site:
             return
         number = shares[0].round_id.number
         answered = self.answered.get(number)
-        if answered is None or any(s.round_id != answered.query.round_id for s in shares):
+        rid = answered.query.round_id if answered is not None else None
+        if answered is None or any(s.round_id is not rid and s.round_id != rid for s in shares):
             raise MessageError(f"site {self.name!r}: a release for round {number}, which this site did not answer")
         if isinstance(shares[0], ForwardedShares):
             release = combine_forwarded(shares, self.scheme)  # type: ignore[arg-type]
