@@ -33,6 +33,8 @@ from ..queries.checks import role_problems
 from ..queries.groups import label_problems
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
 
+#: The filter `warnings.simplefilter("ignore")` puts first.
+_IGNORE_ALL = ("ignore", None, Warning, None, 0)
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
 MAX_OPEN_RUNS = 64
 #: Finished run ids a site remembers (so a long study's state stays bounded).
@@ -229,9 +231,12 @@ class SiteRuns:
 
     def _advance(self, state: _Run, step) -> None:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the analyst sees the plan's warnings, not the sites
-                next_step = step()
+            if warnings.filters and warnings.filters[0] == _IGNORE_ALL:
+                next_step = step()  # every warning is ignored already (a simulation's loop): no filter to set
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the analyst sees the plan's warnings, not the sites
+                    next_step = step()
         except StopIteration:
             state.step, state.ended = None, "its plan is complete"
             return
