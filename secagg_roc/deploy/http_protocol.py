@@ -267,7 +267,8 @@ def int_param(request: Any, key: str, default: int | None = None) -> int:
         if default is None:
             raise MessageError(f"query parameter {key!r} is missing")
         return default
-    if not raw.isdigit() or len(raw) > 19:
+    # ASCII digits only: str.isdigit() is also true of '²' and '١', which int() refuses or reads.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
         raise MessageError(f"query parameter {key}={raw[:40]!r} is not a non-negative integer")
     return int(raw)
 
