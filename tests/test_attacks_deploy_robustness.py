@@ -358,6 +358,42 @@ def test_a_client_that_never_reads_its_replies_is_dropped(cluster) -> None:
     health.check()
 
 
+def rss_bytes(cl: LocalCluster, name: str) -> int:
+    """The resident memory of party `name`'s process."""
+    status = open(f"/proc/{cl.procs[name].pid}/status").read()
+    return int(re.search(r"VmRSS:\s+(\d+) kB", status).group(1)) * 1024
+
+
+def test_one_party_sending_many_bodies_at_once_holds_bounded_memory(cluster) -> None:
+    """48 bodies of 2 MB, each stalled before its end, over 48 connections of one party (aggregator
+    agg-2's certificate, so that no honest request waits behind them): they used to be read into memory
+    side by side; now the party's third body waits, unread, until one ends."""
+    health = Health(cluster)
+    before = rss_bytes(cluster, "agg-1")
+    socks = []
+    for _ in range(48):
+        sock = tls(cluster, "agg-2", timeout=30)
+        sock.sendall(head("POST", "/v1/message", MAX_BODY - 10))
+        socks.append(sock)
+    chunk = b"\0" * (1 << 16)
+    for sock in socks:  # as much of each body as the server takes in a moment
+        sock.settimeout(0.2)
+        sent = 0
+        try:
+            while sent < MAX_BODY - 11:
+                sent += sock.send(chunk[: MAX_BODY - 11 - sent])
+        except (socket.timeout, ssl.SSLWantWriteError, BlockingIOError):
+            pass
+    time.sleep(1.0)
+    grown = rss_bytes(cluster, "agg-1") - before
+    # Bounded: ~40 MB of buffers and allocator slack, whatever the number of connections (was ~150 MB here).
+    assert grown < 80 << 20, f"{grown >> 20} MB held by one party's stalled bodies"
+    assert_honest_round(cluster)  # other parties are not held up
+    for sock in socks:
+        sock.close()
+    health.check()
+
+
 def test_after_every_attack_a_killed_aggregator_replays_its_state(cluster) -> None:
     health = Health(cluster)
     before = infos(cluster)

@@ -77,7 +77,7 @@ from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
 from .pooled_bodies import POOL_BYTES, joined
-from .request_bodies import ClientGone, read_body
+from .request_bodies import BodyBudget, ClientGone, read_body
 from .revocation import RevocationList
 from .site_presence import SitePresence
 from .store import Store
@@ -125,6 +125,7 @@ class AggregatorService:
         self.presence = SitePresence(self.state.sites, log)
         # Share bodies: about one per site in a round (more rounds open at once get fresh buffers).
         self._bodies = RecyclingPool(max_buffers=len(self.state.sites) + 2, max_bytes=POOL_BYTES)
+        self._in_flight = BodyBudget(2 * config.max_body_bytes)  # body bytes one party may be sending at once
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -217,7 +218,7 @@ class AggregatorService:
     async def _body(self, request: web.Request, *, pooled: bool = False) -> bytes | memoryview:
         """The request body; with `pooled`, a large one as a read-only view of a recycled buffer."""
         return await read_body(request, limit=self.config.max_body_bytes, round_timeout_s=self.config.round_timeout_s,
-                               pool=self._bodies, pooled=pooled)
+                               pool=self._bodies, budget=self._in_flight, pooled=pooled)
 
     def _notify(self) -> None:
         assert self._changed is not None
