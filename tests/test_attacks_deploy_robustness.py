@@ -313,6 +313,51 @@ def test_valid_looking_messages_out_of_place_are_refused_and_change_nothing(clus
     health.check()
 
 
+ROUTES = ["/v1/message", "/v1/status", "/v1/release", "/v1/refusal", "/v1/feed", "/v1/info", "/v1/presence",
+          "/v1/pairwise?round=0&kind=keys", "/v1/pairwise?round=0&phase=keys", "/v1/feed?since=0&wait=0.01",
+          "/v1/status?wait=0.01", "/v1/release?wait=0.01", "/", "/v1", "/v1/message/../info", "/%2e%2e/etc/passwd"]
+
+
+def test_every_route_method_party_and_body_is_answered_without_a_5xx(cluster) -> None:
+    """Every route (and some that are not), every method, every role, with bodies of every kind."""
+    health, before = Health(cluster), infos(cluster)
+    study = cluster.config.study_id
+    ghost = RoundId(study, 10**6, b"\x01" * 32)
+    bodies = [
+        b"", b"\xff" * 300, b'{"a": NaN, "b": [[[[[[[]]]]]]]}',
+        make_query(study, before[0]["next_number"], "sum\u202e", {"array": "x"}).encode(),  # a name refused by rule
+        make_query(study, before[0]["next_number"], "sum", {"array": "\u00e9" * 1000}).encode(),
+        StatusRequest(ghost).encode(),
+        InputShare(ghost, "site-a", 0, INTEGER, 4, (("v", (1,), True),), vector=np.zeros(1, np.uint64)).encode(),
+        b"".join(bytes(b) for b in pack_frames([StatusRequest(ghost), ErrorReply("PolicyError", "\u202e\n" * 50)])),
+    ]
+
+    async def sweep(client) -> list[tuple[str, str, int]]:
+        out = []
+        for path in ROUTES:
+            for method in ("GET", "POST", "PUT", "DELETE"):
+                for body in (bodies if method == "POST" else [b"x"]):
+                    resp = await client.request(method, path, body, timeout=20)
+                    out.append((method, path, resp.status))
+        return out
+
+    seen = []
+    for party in ("site-a", "analyst", "agg-2"):
+        seen += call_as(cluster, party, 0, sweep)
+    assert len(seen) == 3 * len(ROUTES) * (3 + len(bodies))
+    assert not [s for s in seen if s[2] >= 500], [s for s in seen if s[2] >= 500]
+    assert {s[2] for s in seen} <= {200, 204, 400, 403, 404, 405, 409}, sorted({s[2] for s in seen})
+    for path in ("/v1/info", "/v1/feed", "/v1/presence"):  # HEAD: a head without a body
+        with tls(cluster, "site-a") as sock:
+            sock.sendall(head("HEAD", path))
+            data = b""
+            while b"\r\n\r\n" not in data and (chunk := sock.recv(4096)):
+                data += chunk
+        assert re.match(rb"HTTP/1\.1 (200|403) ", data), data[:200]
+    assert infos(cluster) == before
+    health.check()
+
+
 def test_stalled_and_half_open_connections_are_dropped_in_bounded_time(cluster) -> None:
     health = Health(cluster)
     held = []
