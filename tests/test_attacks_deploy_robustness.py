@@ -82,6 +82,8 @@ def read_reply(sock: ssl.SSLSocket, timeout: float = 10.0) -> tuple[int | None, 
         while True:
             if b"\r\n\r\n" in data:
                 top, _, body = data.partition(b"\r\n\r\n")
+                if re.match(rb"HTTP/1\.[01] (204|304) ", top):
+                    return int(top[9:12]), b""
                 m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", top)
                 if m and len(body) >= int(m.group(1)):
                     return int(top.split(b" ", 2)[1]), body[: int(m.group(1))]
@@ -400,6 +402,30 @@ def test_a_client_that_never_reads_its_replies_is_dropped(cluster) -> None:
                             r"bytes for \d+ s", timeout=IDLE_S + 10)
     assert lines, health.logs()[-2000:]
     sock.close()
+    health.check()
+
+
+def test_a_sites_refusal_text_cannot_forge_or_flood_aggregator_log_lines(cluster) -> None:
+    """A site's reason for refusing went into the log verbatim: a newline in it forged a log line."""
+    health = Health(cluster)
+    cluster.kill("site-c")  # the malicious site runs no honest agent that would answer first
+    try:
+        number = max(i["next_number"] for i in infos(cluster))
+        q = join_query(cluster.config, number, "rt-forge", "sum", {"array": "x"})
+        forged = "no\n2026-01-01 00:00:00,000 secagg_roc.aggregator ERROR forged\u2028\u202eforged" + "x" * 50_000
+        refusal = b"".join(bytes(b) for b in pack_frames([StatusRequest(q.round_id), ErrorReply("PolicyError", forged)]))
+        for j in (0, 1):
+            assert post(cluster, "analyst", "/v1/message", q.encode(), j)[0] == 200
+            assert post(cluster, "site-c", "/v1/refusal", refusal, j)[0] == 204
+        lines = health.wait_log(r"[^\n]*site site-c refused [^\n]*", 2)
+        assert len(lines) == 2 and all(r"no\u000a2026-01-01" in line and r"\u2028\u202eforged" in line
+                                       and re.search(r"\(\d{5} more characters\)$", line) and len(line) < 1500 for line in lines)
+        assert not re.search(r"(?m)^2026-01-01|^[^\n]*\u2028", health.logs())
+        # The analyst still gets the site's whole reason, naming the site.
+        frames = call_as(cluster, "analyst", 0, lambda c: c.status(StatusRequest(q.round_id)))
+        assert frames[1].text == f"site 'site-c': {forged}"
+    finally:
+        cluster.start_party("site-c")
     health.check()
 
 

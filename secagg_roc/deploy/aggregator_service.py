@@ -59,7 +59,7 @@ from ..messages import (
 )
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
-from .connection_guard import HttpLog, StalledWrites, idle_timeout_s
+from .connection_guard import HttpLog, StalledWrites, idle_timeout_s, log_text
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
@@ -189,7 +189,8 @@ class AggregatorService:
             return await handler(request)
         except SecAggError as exc:
             status = status_for(exc)
-            log.info("%s %s refused (%d %s): %s", request.method, request.path, status, type(exc).__name__, exc)
+            log.info("%s %s refused (%d %s): %s", request.method, request.path, status, type(exc).__name__,
+                     log_text(str(exc)))
             return _reply(error_reply(exc), status)
         except web.HTTPException as exc:
             if exc.status < 400:
@@ -345,7 +346,7 @@ class AggregatorService:
         refusal = parse_refusal(body)
         applied = await self._apply("refusal", refusal, body, party=peer.name)
         if applied.changed:
-            log.info("site %s refused %s: %s", peer.name, refusal.round_id, refusal.reply.text)
+            log.info("site %s refused %s: %s", peer.name, refusal.round_id, log_text(refusal.reply.text))
         return web.Response(status=204)
 
     async def _feed(self, request: web.Request) -> web.Response:

@@ -11,6 +11,9 @@ with a valid certificate is still not trusted to behave, so:
   `idle_timeout_s` is dropped with one warning (`StalledWrites`): a client that
   pipelines requests and never reads would otherwise hold its connection, and
   the handler writing to it, for ever;
+- text a party chose (a site's reason for a refusal, values quoted in an error)
+  goes into the log as one bounded line (`log_text`): a newline in it must not
+  forge a log line, nor a bidi override hide what follows;
 - a request that is not well-formed HTTP (a header line too long, too many
   headers, a bad chunk size, Content-Length and Transfer-Encoding together,
   ...) gets aiohttp's 400 and is logged as one warning line (`HttpLog`), not as
@@ -23,13 +26,24 @@ deadlines; a request in progress is never "idle".
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from typing import Any, Iterable
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-__all__ = ["idle_timeout_s", "HttpLog", "StalledWrites"]
+__all__ = ["idle_timeout_s", "HttpLog", "StalledWrites", "log_text"]
+
+# Control characters, line and paragraph separators, bidi embeddings, overrides and isolates.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def log_text(text: str, limit: int = 1000) -> str:
+    """`text` from a party as it goes into the log: one line, unprintable characters escaped (``\\u000a``),
+    at most `limit` characters and a note of how many more there were."""
+    out = _UNPRINTABLE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return out if len(out) <= limit else f"{out[:limit]}... ({len(out) - limit} more characters)"
 
 
 def idle_timeout_s(round_timeout_s: float) -> float:
