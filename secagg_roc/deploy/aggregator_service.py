@@ -271,9 +271,9 @@ class AggregatorService:
         period = min(1.0, timeout / 4)
         while not self._stopping:
             await asyncio.sleep(period)
-            if self._runner is not None and self._runner.server is not None:  # (`connection_guard`)
-                self._stalled.sweep([h.transport for h in self._runner.server.connections])
             try:
+                if self._runner is not None and self._runner.server is not None:  # (`connection_guard`)
+                    self._stalled.sweep([h.transport for h in self._runner.server.connections])
                 for number in self.state.expired(time.time(), timeout):
                     query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(
                         self.state.answered(number))
@@ -284,7 +284,7 @@ class AggregatorService:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("abandoning expired rounds failed; will retry")
+                log.exception("abandoning expired rounds or dropping stalled connections failed; will retry")
 
     # -- handlers ----------------------------------------------------------------
 
