@@ -27,7 +27,7 @@ import pytest
 
 import secagg_roc.stats as sr
 from secagg_roc.deploy.aggregator_state import MAX_NUMBER_GAP
-from secagg_roc.deploy.connection_guard import idle_timeout_s
+from secagg_roc.deploy.connection_guard import connections_per_party, idle_timeout_s
 from secagg_roc.deploy.http_protocol import pack_frames
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.tls import client_ssl_context
@@ -465,27 +465,42 @@ def test_one_party_sending_many_bodies_at_once_holds_bounded_memory(cluster) -> 
     health.check()
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: no per-party connection cap: one certificate may hold as many idle "
-                   "connections as the aggregator has file descriptors, each closed only after the idle timeout "
-                   "(5-60 s); at the descriptor limit nobody else can connect. Mitigation meanwhile: OS limits "
-                   "(ulimit -n, a firewall connlimit per source address)")
 def test_one_party_cannot_hold_hundreds_of_connections(cluster) -> None:
-    socks = [tls(cluster, "agg-2", timeout=5) for _ in range(200)]
+    """One certificate could hold as many connections as the aggregator had file descriptors (long polls,
+    or idle ones until the idle timeout): at the limit nobody else could connect. Its newest ones beyond
+    `connections_per_party` are closed now; its agent's older connections stay."""
+    health = Health(cluster)
+    cap, extra = connections_per_party(cluster.config.max_open_rounds), 136
+    socks = []
     try:
-        time.sleep(1.0)
-        closed = 0
-        for sock in socks:
-            sock.settimeout(0.01)
+        for _ in range(cap + extra):  # long polls of the feed: requests in progress, never idle
+            sock = tls(cluster, "site-b", timeout=5)
+            sock.sendall(head("GET", "/v1/feed?since=0&wait=30"))
+            socks.append(sock)
+        counts: list[str] = []
+        end = time.monotonic() + 15
+        while sum(map(int, counts)) < extra and time.monotonic() < end:
+            time.sleep(0.2)
+            counts = re.findall(rf"closed (\d+) connections of site 'site-b': it held \d+ at once; at most {cap} "
+                                "are served per party", health.logs())
+        time.sleep(1.5)  # (another sweep: no more are closed)
+        open_ = []
+        for i, sock in enumerate(socks):
+            sock.settimeout(0.001)
             try:
-                closed += sock.recv(1) == b""
+                if sock.recv(1) != b"":
+                    open_.append(i)
             except (socket.timeout, ssl.SSLWantReadError):
-                pass
+                open_.append(i)
             except (OSError, ssl.SSLError):
-                closed += 1
-        assert closed >= 100, f"{closed} of 200 idle connections of one party closed"
+                pass
+        # The oldest stay (the honest agent's own few among the party's `cap`), the newest were closed.
+        assert cap - 20 <= len(open_) <= cap and open_ == list(range(len(open_))), (open_, counts)
+        assert sum(map(int, counts)) >= extra, (open_, counts)
     finally:
         for sock in socks:
             sock.close()
+    health.check()
 
 
 def test_after_every_attack_a_killed_aggregator_replays_its_state(cluster) -> None:

@@ -27,8 +27,9 @@ does, and adds what a deployment needs around it:
   plus a second per MB, or the client gets 408 and is dropped (`request_bodies`;
   a client that hangs up mid-body is one warning line, and nothing of it is applied);
   a connection idle without a request head, or not reading its replies, is closed
-  after ``round_timeout_s`` (5 to 60 s), and malformed HTTP is one warning line
-  (`connection_guard`);
+  after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
+  ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
+  line (`connection_guard`);
 - at the default log level: failed TLS handshakes (`tls_errors`), revoked
   certificates (`revocation`), a site running two agents, and when each
   site last polled (`site_presence`, ``/v1/presence``).
@@ -59,7 +60,8 @@ from ..messages import (
 )
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
-from .connection_guard import HttpLog, StalledWrites, idle_timeout_s, log_text
+from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
+                               log_text)
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
@@ -154,6 +156,7 @@ class AggregatorService:
         add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
         idle = idle_timeout_s(self.config.round_timeout_s)
         self._stalled = StalledWrites(idle, log)
+        self._crowds = PartyConnections(connections_per_party(self.config.max_open_rounds), log)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=idle,
                                      logger=HttpLog(logging.getLogger("aiohttp.server"), {}))
         await self._runner.setup()
@@ -273,7 +276,9 @@ class AggregatorService:
             await asyncio.sleep(period)
             try:
                 if self._runner is not None and self._runner.server is not None:  # (`connection_guard`)
-                    self._stalled.sweep([h.transport for h in self._runner.server.connections])
+                    transports = [h.transport for h in self._runner.server.connections]
+                    self._stalled.sweep(transports)
+                    self._crowds.sweep(transports)
                 for number in self.state.expired(time.time(), timeout):
                     query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(
                         self.state.answered(number))

@@ -11,6 +11,9 @@ with a valid certificate is still not trusted to behave, so:
   `idle_timeout_s` is dropped with one warning (`StalledWrites`): a client that
   pipelines requests and never reads would otherwise hold its connection, and
   the handler writing to it, for ever;
+- a party that holds more than `connections_per_party` connections at once has
+  its newest ones closed (`PartyConnections`): one certificate must not use up
+  the descriptors every other party needs to connect;
 - text a party chose (a site's reason for a refusal, values quoted in an error)
   goes into the log as one bounded line (`log_text`): a newline in it must not
   forge a log line, nor a bidi override hide what follows;
@@ -33,7 +36,9 @@ from typing import Any, Iterable
 
 from aiohttp.http_exceptions import HttpProcessingError
 
-__all__ = ["idle_timeout_s", "HttpLog", "StalledWrites", "log_text"]
+from .tls import AuthError, peer_identity
+
+__all__ = ["idle_timeout_s", "connections_per_party", "HttpLog", "StalledWrites", "PartyConnections", "log_text"]
 
 # Control characters, line and paragraph separators, bidi embeddings, overrides and isolates.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -50,6 +55,12 @@ def idle_timeout_s(round_timeout_s: float) -> float:
     """How long a connection may sit without a complete request head (or not read a reply): the round
     timeout, but at least 5 s (a slow link) and at most 60 s (idle sockets are cheap, not free)."""
     return min(60.0, max(5.0, round_timeout_s))
+
+
+def connections_per_party(max_open_rounds: int) -> int:
+    """How many connections one party may hold at once: an honest one uses about a long poll and a
+    request or two per open round (at most `max_open_rounds` of them), and a few idle ones."""
+    return max(64, 4 * max_open_rounds)
 
 
 class HttpLog(logging.LoggerAdapter):
@@ -102,3 +113,45 @@ class StalledWrites:
             seen[transport] = (pending, since)
         self._waiting = seen  # closed or drained connections are forgotten: the dict stays bounded
         return dropped
+
+
+class PartyConnections:
+    """Close the newest connections of any party holding more than `cap` at once (run by an Aggregator)."""
+
+    def __init__(self, cap: int, log: logging.Logger):
+        self.cap = cap
+        self.log = log
+        self._known: dict[Any, tuple[str, float]] = {}  # open transport -> (its party, when first seen)
+
+    def sweep(self, transports: Iterable[Any], now: float | None = None) -> int:
+        """Check every open connection's `transports`; abort each party's newest beyond the cap. Returns how many."""
+        now = time.monotonic() if now is None else now
+        known: dict[Any, tuple[str, float]] = {}
+        by_party: dict[str, list[Any]] = {}
+        for transport in transports:
+            if transport is None or transport.is_closing():
+                continue
+            entry = self._known.get(transport) or (_party_of(transport), now)
+            known[transport] = entry
+            by_party.setdefault(entry[0], []).append(transport)
+        dropped = 0
+        for party, held in by_party.items():
+            if len(held) <= self.cap:
+                continue
+            held.sort(key=lambda t: known[t][1])  # oldest first: an honest party's long-lived ones stay
+            for transport in held[self.cap:]:
+                transport.abort()
+                del known[transport]
+            dropped += len(held) - self.cap
+            self.log.warning("closed %d connections of %s: it held %d at once; at most %d are served per party",
+                             len(held) - self.cap, party, len(held), self.cap)
+        self._known = known  # closed connections are forgotten: the dict stays bounded
+        return dropped
+
+
+def _party_of(transport: Any) -> str:
+    try:
+        ident = peer_identity(transport.get_extra_info("ssl_object"))
+    except AuthError:
+        return "a client without a valid identity"
+    return f"{ident.role} {ident.name!r}"
