@@ -2,11 +2,21 @@
 
 The rule: bad input gets a clear error naming the problem, the process keeps
 serving, nothing accepted is lost, state stays bounded. Every test plays its
-attacks with a site's or the analyst's own certificate over a raw TLS socket
-(below the `AggregatorClient`, which would refuse to send most of them), and
-checks that no answer was a 5xx, that the aggregators' logs hold no traceback,
-and that an honest round still gives the exact total. The last test kills an
-aggregator with SIGKILL after all of them and checks that its state replays.
+attacks with a site's, the analyst's or an aggregator's own certificate over a
+raw TLS socket (below the `AggregatorClient`, which would refuse to send most
+of them), and checks that no answer was a 5xx, that the aggregators' logs hold
+no traceback, and that an honest round still gives the exact total. The last
+test kills an aggregator with SIGKILL after all of them and checks that its
+state replays.
+
+Attacks: hanging up mid-body (FIN, TLS close_notify, RST; both body paths);
+malformed HTTP; a Content-Length that lies; non-ASCII digits in query
+parameters; round numbers at the int64 edge; valid-looking messages out of
+place (unknown, released, other study, wrong role or name, repeated); every
+route x method x role x body kind; compression bombs; slowloris and
+half-open connections; stalled bodies and chunks; replies never read; many
+bodies at once from one party; hundreds of connections from one party; a
+refusal text that forges log lines.
 
 (Malformed message bodies, query parameters, oversized bodies and JSON
 parameters are in `test_deploy_services.py`, `test_attacks_deployed.py` and
@@ -15,11 +25,13 @@ parameters are in `test_deploy_services.py`, `test_attacks_deployed.py` and
 
 from __future__ import annotations
 
+import gzip
 import re
 import socket
 import ssl
 import struct
 import time
+import zlib
 from typing import Any
 
 import numpy as np
@@ -356,6 +368,24 @@ def test_every_route_method_party_and_body_is_answered_without_a_5xx(cluster) ->
             while b"\r\n\r\n" not in data and (chunk := sock.recv(4096)):
                 data += chunk
         assert re.match(rb"HTTP/1\.1 (200|403) ", data), data[:200]
+    assert infos(cluster) == before
+    health.check()
+
+
+def test_compression_bombs_are_cut_at_max_body_bytes(cluster) -> None:
+    """aiohttp inflates gzip and deflate bodies: 200 MB of zeros in 200 kB is refused at max_body_bytes
+    (on both ways a body is read: whole, and into a recycled buffer from 1 MB on), holding no more."""
+    health, before = Health(cluster), infos(cluster)
+    rss = rss_bytes(cluster, "agg-1")
+    zeros = b"\0" * (200 << 20)
+    bombs = [("gzip", gzip.compress(zeros, 1)), ("deflate", zlib.compress(zeros, 1)),
+             ("gzip", gzip.compress(zeros + np.random.default_rng(1).bytes(1 << 20), 1))]  # > 1 MB compressed
+    assert len(bombs[2][1]) > 1 << 20
+    for encoding, bomb in bombs:
+        status, body = exchange(cluster, "site-a", head("POST", "/v1/message", len(bomb),
+                                                        f"Content-Encoding: {encoding}\r\n") + bomb)
+        assert status == 413 and "RequestTooLarge" in error_text(body), (status, body[:200])
+    assert rss_bytes(cluster, "agg-1") - rss < 64 << 20
     assert infos(cluster) == before
     health.check()
 
