@@ -10,7 +10,10 @@ with a valid certificate is still not trusted to behave, so:
 - a reply the client does not read (its socket buffer full, no progress) for
   `idle_timeout_s` is dropped with one warning (`StalledWrites`): a client that
   pipelines requests and never reads would otherwise hold its connection, and
-  the handler writing to it, for ever;
+  the handler writing to it, for ever; and so is one that reads, but slower than
+  a MB a second (replies pending for longer than `idle_timeout_s` plus a second
+  per MB of the most that was pending: the rule request bodies follow), which
+  would hold its replies' memory as long as it liked;
 - a party that holds more than `connections_per_party` connections at once has
   its newest ones closed (`PartyConnections`): one certificate must not use up
   the descriptors every other party needs to connect;
@@ -38,7 +41,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .tls import AuthError, peer_identity
 
-__all__ = ["idle_timeout_s", "connections_per_party", "HttpLog", "StalledWrites", "PartyConnections", "log_text"]
+__all__ = ["idle_timeout_s", "connections_per_party", "READ_BYTES_PER_S", "HttpLog", "StalledWrites", "PartyConnections",
+           "log_text"]
 
 # Control characters, line and paragraph separators, bidi embeddings, overrides and isolates.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -77,19 +81,25 @@ class HttpLog(logging.LoggerAdapter):
         self.logger.error(msg, *args, exc_info=exc_info, **kwargs)
 
 
+#: The slowest a client may read its replies (and send its request bodies: `request_bodies`).
+READ_BYTES_PER_S = 1 << 20
+
+
 class StalledWrites:
-    """Drop connections whose replies the client has not read for `limit` seconds (run by an Aggregator)."""
+    """Drop connections whose replies the client has not read for `limit` seconds, or reads slower than
+    `READ_BYTES_PER_S` (run by an Aggregator)."""
 
     def __init__(self, limit: float, log: logging.Logger):
         self.limit = limit
         self.log = log
-        # transport -> (bytes waiting to be sent, since when that number has not gone down)
-        self._waiting: dict[Any, tuple[int, float]] = {}
+        # transport -> (bytes waiting to be sent, since when that number has not gone down,
+        #               since when some bytes have been waiting, the most that has been waiting since then)
+        self._waiting: dict[Any, tuple[int, float, float, int]] = {}
 
     def sweep(self, transports: Iterable[Any], now: float | None = None) -> int:
         """Check every open connection's `transports`; abort the stalled ones. Returns how many."""
         now = time.monotonic() if now is None else now
-        seen: dict[Any, tuple[int, float]] = {}
+        seen: dict[Any, tuple[int, float, float, int]] = {}
         dropped = 0
         for transport in transports:
             if transport is None or transport.is_closing():
@@ -102,15 +112,22 @@ class StalledWrites:
                 continue
             before = self._waiting.get(transport)
             since = now if before is None or pending < before[0] else before[1]
-            if now - since >= self.limit:
+            first, most = (now, pending) if before is None else (before[2], max(before[3], pending))
+            stalled = now - since >= self.limit
+            if stalled or now - first >= self.limit + most / READ_BYTES_PER_S:
                 peer = transport.get_extra_info("peername")
-                self.log.warning("dropped the connection of %s: it read none of its %d pending reply bytes for "
-                                 "%.0f s", f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client",
-                                 pending, now - since)
+                who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client"
+                if stalled:
+                    self.log.warning("dropped the connection of %s: it read none of its %d pending reply bytes "
+                                     "for %.0f s", who, pending, now - since)
+                else:
+                    self.log.warning("dropped the connection of %s: it read its replies too slowly (%d bytes "
+                                     "still pending after %.0f s; at least 1 MB a second is expected)", who,
+                                     pending, now - first)
                 transport.abort()
                 dropped += 1
                 continue
-            seen[transport] = (pending, since)
+            seen[transport] = (pending, since, first, most)
         self._waiting = seen  # closed or drained connections are forgotten: the dict stays bounded
         return dropped
 
