@@ -26,8 +26,8 @@ does, and adds what a deployment needs around it:
   ``round_timeout_s``); a request body must arrive within ``round_timeout_s``
   plus a second per MB, or the client gets 408 and is dropped (`request_bodies`;
   a client that hangs up mid-body is one warning line, and nothing of it is applied);
-  a connection idle without a request head, or not reading its replies, is closed
-  after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
+  a connection idle without a request head, or not reading its replies (or slower
+  than 1 MB/s), is closed after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
   ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
   line (`connection_guard`);
 - at the default log level: failed TLS handshakes (`tls_errors`), revoked
