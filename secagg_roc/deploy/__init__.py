@@ -20,7 +20,10 @@
 - `link_log`: what a site logs about its link to each aggregator (a change, not every retry).
 - `aggregator_state`: what an aggregator holds (no I/O), bounded to the rounds it keeps.
 - `compaction`: an aggregator's log as a snapshot plus its live rounds; replaying it on start.
-- `aggregator_service`: the aggregator process (HTTPS, aiohttp) around that state.
+- `aggregator_service`: the aggregator process (HTTPS, aiohttp) around that state;
+  `request_bodies`: reading its request bodies (size, deadline, a party's bytes in flight,
+  a client that hangs up); `connection_guard`: idle, stalled and malformed connections and
+  party-chosen text in its log.
 - `site_data`: a site's records from its CSV or ``.npz`` file.
 - `site_log`: what a site agent logs (split records, ledger entries) and reading it back.
 - `site_answers`: a site's answers, computed once and logged before they are sent.

@@ -24,7 +24,12 @@ does, and adds what a deployment needs around it:
 - deadlines: a round open ``2 * round_timeout_s`` is abandoned (logged, its
   number never reused, its run failed; the analyst stops waiting at
   ``round_timeout_s``); a request body must arrive within ``round_timeout_s``
-  plus a second per MB, or the client gets 408 and is dropped;
+  plus a second per MB, or the client gets 408 and is dropped (`request_bodies`;
+  a client that hangs up mid-body is one warning line, and nothing of it is applied);
+  a connection idle without a request head, or not reading its replies (or slower
+  than 1 MB/s), is closed after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
+  ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
+  line (`connection_guard`);
 - at the default log level: failed TLS handshakes (`tls_errors`), revoked
   certificates (`revocation`), a site running two agents, and when each
   site last polled (`site_presence`, ``/v1/presence``).
@@ -55,14 +60,14 @@ from ..messages import (
 )
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
+from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
+                               log_text)
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
     FEED_TYPE,
     FRAMES_TYPE,
     MESSAGE_TYPE,
-    RequestTimeout,
-    RequestTooLarge,
     error_reply,
     pack_feed,
     float_param,
@@ -73,7 +78,8 @@ from .http_protocol import (
 from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
-from .pooled_bodies import POOL_BYTES, POOLED_BYTES, joined, read_into_pool
+from .pooled_bodies import POOL_BYTES, joined
+from .request_bodies import BodyBudget, ClientGone, read_body
 from .revocation import RevocationList
 from .site_presence import SitePresence
 from .store import Store
@@ -86,8 +92,6 @@ log = logging.getLogger("secagg_roc.aggregator")
 
 #: Longest a long-poll (feed, status, release) is held open.
 MAX_WAIT_S = 30.0
-#: The slowest a request body may arrive, beyond the round timeout it is always given.
-BODY_BYTES_PER_S = 1 << 20
 
 # Which roles may use which kind of request.
 _ANALYST = frozenset({"analyst"})
@@ -123,6 +127,7 @@ class AggregatorService:
         self.presence = SitePresence(self.state.sites, log)
         # Share bodies: about one per site in a round (more rounds open at once get fresh buffers).
         self._bodies = RecyclingPool(max_buffers=len(self.state.sites) + 2, max_bytes=POOL_BYTES)
+        self._in_flight = BodyBudget(2 * config.max_body_bytes)  # body bytes one party may be sending at once
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -149,7 +154,11 @@ class AggregatorService:
         app.router.add_get("/v1/info", self._info)
         app.router.add_get("/v1/presence", self._presence)
         add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        idle = idle_timeout_s(self.config.round_timeout_s)
+        self._stalled = StalledWrites(idle, log)
+        self._crowds = PartyConnections(connections_per_party(self.config.max_open_rounds), log)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=idle,
+                                     logger=HttpLog(logging.getLogger("aiohttp.server"), {}))
         await self._runner.setup()
         host, port = self.agg_config.listen
         site = web.TCPSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, shutdown_timeout=2.0)
@@ -183,13 +192,17 @@ class AggregatorService:
             return await handler(request)
         except SecAggError as exc:
             status = status_for(exc)
-            log.info("%s %s refused (%d %s): %s", request.method, request.path, status, type(exc).__name__, exc)
+            log.info("%s %s refused (%d %s): %s", request.method, request.path, status, type(exc).__name__,
+                     log_text(str(exc)))
             return _reply(error_reply(exc), status)
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
             code = "RequestTooLarge" if exc.status == 413 else "HTTPError"
             return _reply(ErrorReply(code, f"{request.method} {request.path}: {exc.reason}"), exc.status)
+        except ClientGone as exc:  # not the service's fault, and nobody is left to answer: one line
+            log.warning("%s %s dropped: %s; nothing of it was applied", request.method, request.path, exc)
+            return _reply(ErrorReply("MessageError", f"{request.method} {request.path}: {exc}"), 400)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a bug: report it, keep serving
@@ -208,21 +221,8 @@ class AggregatorService:
 
     async def _body(self, request: web.Request, *, pooled: bool = False) -> bytes | memoryview:
         """The request body; with `pooled`, a large one as a read-only view of a recycled buffer."""
-        limit = self.config.max_body_bytes
-        n = request.content_length
-        if n is not None and n > limit:
-            raise RequestTooLarge(f"request body of {n} bytes exceeds max_body_bytes={limit}")
-        # A client that stalls mid-body must not hold a connection for ever: the body gets the round
-        # timeout plus a second per MB (a share of 8 MB over a slow link still arrives).
-        deadline = self.config.round_timeout_s + (n or limit) / BODY_BYTES_PER_S
-        try:
-            if pooled and n is not None and n >= POOLED_BYTES:  # a share vector: into a recycled buffer
-                return await asyncio.wait_for(read_into_pool(request, n, self._bodies), deadline)
-            return await asyncio.wait_for(request.read(), deadline)
-        except web.HTTPRequestEntityTooLarge:
-            raise RequestTooLarge(f"request body exceeds max_body_bytes={limit}") from None
-        except asyncio.TimeoutError:
-            raise RequestTimeout(f"request body not received within {deadline:.0f} s; the connection is closed") from None
+        return await read_body(request, limit=self.config.max_body_bytes, round_timeout_s=self.config.round_timeout_s,
+                               pool=self._bodies, budget=self._in_flight, pooled=pooled)
 
     def _notify(self) -> None:
         assert self._changed is not None
@@ -268,12 +268,17 @@ class AggregatorService:
             return applied
 
     async def _abandon_expired(self) -> None:
-        """Run by the Aggregator in the background: abandon rounds long past their deadline."""
+        """Run by the Aggregator in the background: abandon rounds long past their deadline, drop stalled
+        connections."""
         timeout = self.config.round_timeout_s
         period = min(1.0, timeout / 4)
         while not self._stopping:
             await asyncio.sleep(period)
             try:
+                if self._runner is not None and self._runner.server is not None:  # (`connection_guard`)
+                    transports = [h.transport for h in self._runner.server.connections]
+                    self._stalled.sweep(transports)
+                    self._crowds.sweep(transports)
                 for number in self.state.expired(time.time(), timeout):
                     query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(
                         self.state.answered(number))
@@ -284,7 +289,7 @@ class AggregatorService:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("abandoning expired rounds failed; will retry")
+                log.exception("abandoning expired rounds or dropping stalled connections failed; will retry")
 
     # -- handlers ----------------------------------------------------------------
 
@@ -305,6 +310,8 @@ class AggregatorService:
         if kind == "status":
             async with self._lock:
                 return _reply(self.state.status(message.round_id))
+        if kind == "query":
+            self.state.check_number(message.round_id)  # the study's round numbers cannot be used up
         if kind == "close":
             await before_close(self, message, body)  # pairwise masking: first the survivors' unmask answers
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
@@ -344,7 +351,7 @@ class AggregatorService:
         refusal = parse_refusal(body)
         applied = await self._apply("refusal", refusal, body, party=peer.name)
         if applied.changed:
-            log.info("site %s refused %s: %s", peer.name, refusal.round_id, refusal.reply.text)
+            log.info("site %s refused %s: %s", peer.name, refusal.round_id, log_text(refusal.reply.text))
         return web.Response(status=204)
 
     async def _feed(self, request: web.Request) -> web.Response:

@@ -34,7 +34,8 @@ from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
 from .pairwise_relay import PREFIX as PAIRWISE, PairwiseRelay
 
-__all__ = ["AggregatorState", "Applied", "parse_refusal", "ABANDON_FACTOR", "RETAIN_RELEASED", "KEEP_SETTLED"]
+__all__ = ["AggregatorState", "Applied", "parse_refusal", "ABANDON_FACTOR", "RETAIN_RELEASED", "KEEP_SETTLED",
+           "MAX_NUMBER_GAP"]
 
 
 #: A round still open this many round timeouts after it opened is abandoned.
@@ -44,6 +45,10 @@ RETAIN_RELEASED = 64
 #: Settled rounds kept (at least; four per open-round slot, so the core's run book keeps every live run):
 #: older ones are retired, their numbers never opened again, and `compaction` drops them from the log.
 KEEP_SETTLED = 256
+#: How far above `next_number` a new round may be opened: far enough for an aggregator that missed
+#: rounds (it was down), never far enough to use up the round numbers (below 2**63) in any feasible
+#: number of rounds (one round at 2**63 - 1 used to leave no number for any later round, for ever).
+MAX_NUMBER_GAP = 1 << 32
 
 
 @dataclass
@@ -111,6 +116,14 @@ class AggregatorState:
     def next_number(self) -> int:
         """The smallest number above every number used so far (for a new analyst)."""
         return max(max(self.numbers, default=-1), self.core.retired_max) + 1
+
+    def check_number(self, rid: RoundId) -> None:
+        """Refuse to open a new round numbered more than `MAX_NUMBER_GAP` above `next_number` (run by an
+        Aggregator on the analyst's live queries; a logged one replays whatever its number)."""
+        if rid.number not in self.numbers and rid.number - self.next_number > MAX_NUMBER_GAP:
+            raise RoundError(f"round number {rid.number} is too far above the next free number {self.next_number} "
+                             f"at aggregator {self.name!r} (at most {MAX_NUMBER_GAP} above it): it would use up "
+                             "the round numbers of the study")
 
     def is_open(self, number: int) -> bool:
         """True while round `number` can still take submissions."""

@@ -4,7 +4,9 @@ Endpoints of an aggregator (all over mutual TLS 1.3; who may call each is
 checked from the peer's certificate on every request)::
 
     POST /v1/message     one encoded message; reply one encoded message
-                         analyst: Query -> RoundStatus, StatusRequest -> RoundStatus,
+                         analyst: Query -> RoundStatus (a new round numbered at most 2**32
+                                  above /v1/info's next_number: RoundError, 409, beyond),
+                                  StatusRequest -> RoundStatus,
                                   CloseRound -> AggregateShare (a secure-sum round) or
                                                 ForwardedShares (a per-site DP round)
                          site:    InputShare -> RoundStatus (names the submitter only)
@@ -267,7 +269,8 @@ def int_param(request: Any, key: str, default: int | None = None) -> int:
         if default is None:
             raise MessageError(f"query parameter {key!r} is missing")
         return default
-    if not raw.isdigit() or len(raw) > 19:
+    # ASCII digits only: str.isdigit() is also true of '²' and '١', which int() refuses or reads.
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
         raise MessageError(f"query parameter {key}={raw[:40]!r} is not a non-negative integer")
     return int(raw)
 
