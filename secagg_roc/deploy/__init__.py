@@ -23,7 +23,7 @@
 - `aggregator_service`: the aggregator process (HTTPS, aiohttp) around that state;
   `request_bodies`: reading its request bodies (size, deadline, a party's bytes in flight,
   a client that hangs up); `connection_guard`: idle, stalled and malformed connections and
-  party-chosen text in its log.
+  party-chosen text in its log; `aggregator_http`: its replies, every failure as an `ErrorReply`.
 - `site_data`: a site's records from its CSV or ``.npz`` file.
 - `site_log`: what a site agent logs (split records, ledger entries) and reading it back.
 - `site_answers`: a site's answers, computed once and logged before they are sent.

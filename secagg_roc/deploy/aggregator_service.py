@@ -48,16 +48,15 @@ from typing import Any, Callable
 from aiohttp import web
 
 from ..buffers import RecyclingPool
-from ..errors import ConfigError, MessageError, SecAggError
+from ..errors import ConfigError, MessageError
 from ..messages import (
     CloseRound,
-    ErrorReply,
     InputShare,
-    Message,
     Query,
     StatusRequest,
     decode,
 )
+from .aggregator_http import error_middleware, frames, reply
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
 from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
@@ -66,20 +65,15 @@ from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
     FEED_TYPE,
-    FRAMES_TYPE,
-    MESSAGE_TYPE,
-    error_reply,
     pack_feed,
     float_param,
     int_param,
-    pack_frames,
-    status_for,
 )
 from .pairwise_routes import add_routes, before_close
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
-from .pooled_bodies import POOL_BYTES, joined
-from .request_bodies import BodyBudget, ClientGone, read_body
+from .pooled_bodies import POOL_BYTES
+from .request_bodies import BodyBudget, read_body
 from .revocation import RevocationList
 from .site_presence import SitePresence
 from .store import Store
@@ -145,7 +139,7 @@ class AggregatorService:
             await asyncio.get_running_loop().run_in_executor(self._db, self.open_store)
         ssl_ctx = server_ssl_context(self.config.ca_cert, self.agg_config.cert, self.agg_config.key)
         log_failed_handshakes(ssl_ctx, log)
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[self._errors])
+        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[error_middleware(log)])
         app.router.add_post("/v1/message", self._message)
         app.router.add_post("/v1/status", self._status)
         app.router.add_post("/v1/release", self._release)
@@ -184,30 +178,6 @@ class AggregatorService:
         self._db.shutdown(wait=True)
 
     # -- plumbing ----------------------------------------------------------------
-
-    @web.middleware
-    async def _errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
-        """Every failure becomes an `ErrorReply` with the status of its class; state is never changed by one."""
-        try:
-            return await handler(request)
-        except SecAggError as exc:
-            status = status_for(exc)
-            log.info("%s %s refused (%d %s): %s", request.method, request.path, status, type(exc).__name__,
-                     log_text(str(exc)))
-            return _reply(error_reply(exc), status)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            code = "RequestTooLarge" if exc.status == 413 else "HTTPError"
-            return _reply(ErrorReply(code, f"{request.method} {request.path}: {exc.reason}"), exc.status)
-        except ClientGone as exc:  # not the service's fault, and nobody is left to answer: one line
-            log.warning("%s %s dropped: %s; nothing of it was applied", request.method, request.path, exc)
-            return _reply(ErrorReply("MessageError", f"{request.method} {request.path}: {exc}"), 400)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # a bug: report it, keep serving
-            log.exception("internal error on %s %s", request.method, request.path)
-            return _reply(ErrorReply("InternalError", f"internal error: {type(exc).__name__}"), 500)
 
     def _peer(self, request: web.Request, roles: frozenset[str]) -> PartyIdentity:
         transport = request.transport
@@ -309,7 +279,7 @@ class AggregatorService:
             raise AuthError(f"site {peer.name!r} may only submit in its own name, not as {message.site!r}")
         if kind == "status":
             async with self._lock:
-                return _reply(self.state.status(message.round_id))
+                return reply(self.state.status(message.round_id))
         if kind == "query":
             self.state.check_number(message.round_id)  # the study's round numbers cannot be used up
         if kind == "close":
@@ -317,7 +287,7 @@ class AggregatorService:
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)
-        return _reply(applied.reply, pool=self._bodies)
+        return reply(applied.reply, pool=self._bodies)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._peer(request, _ANALYST)
@@ -330,7 +300,7 @@ class AggregatorService:
         n = rid.number
         await self._wait(lambda: not self.state.is_open(n) or self.state.answered(n) >= self.state.expected(n), wait)
         async with self._lock:
-            return _frames([self.state.status(rid), *self.state.refusal_replies(rid)])
+            return frames([self.state.status(rid), *self.state.refusal_replies(rid)])
 
     async def _release(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _SITE)
@@ -343,7 +313,7 @@ class AggregatorService:
         await self._wait(lambda: self.state.is_settled(rid.number), wait)
         async with self._lock:
             release = self.state.release_for(peer.name, rid)
-        return _frames([] if release is None else [release])
+        return frames([] if release is None else [release])
 
     async def _refusal(self, request: web.Request) -> web.Response:
         peer = self._peer(request, _SITE)
@@ -385,15 +355,6 @@ class AggregatorService:
             "policy": self.state.policy_digest,
         }
         return web.json_response(info)
-
-
-def _reply(message: Message, status: int = 200, pool: RecyclingPool | None = None) -> web.Response:
-    """`message` as a response; with `pool`, a large one (an aggregate share) is put together in a recycled buffer."""
-    return web.Response(body=joined(message.to_buffers(), pool), status=status, content_type=MESSAGE_TYPE)
-
-
-def _frames(messages: list[Message]) -> web.Response:
-    return web.Response(body=b"".join(pack_frames(messages)), content_type=FRAMES_TYPE)
 
 
 def run_aggregator(
