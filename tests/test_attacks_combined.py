@@ -132,3 +132,57 @@ def test_every_released_calibration_cell_minus_its_buckets_and_the_remainder_are
             assert left >= 0 and not _small(left), (g, records_g, cases, pos[g], neg[g])
     for left in (y.sum() - pos.sum(), (1 - y).sum() - neg.sum(), y.size - pos.sum() - neg.sum()):
         assert not _small(left)
+
+
+# == 2: replays and fresh randomness across runs ===============================================================
+
+
+def _six(seed: int = 0, n: int = 20) -> dict:
+    rng = np.random.default_rng(seed)
+    return {f"h{k}": {"y": rng.permutation(np.r_[np.zeros(n // 2, int), np.ones(n // 2, int)]), "p": rng.random(n)}
+            for k in range(6)}
+
+
+class Spy:
+    """Every secure total the analyst receives, with its query and parameters."""
+
+    def __init__(self, study):
+        self.log: list[tuple[str, dict, object]] = []
+        aggregate = study.aggregate
+
+        def agg(query, params=None, **kw):
+            totals = aggregate(query, params, **kw)
+            self.log.append((query, dict(params or {}), totals))
+            return totals
+
+        study.aggregate = agg
+
+    def params(self, query: str) -> list[dict]:
+        return [p for q, p, _ in self.log if q == query]
+
+
+def test_a_bootstrap_over_fewer_sites_draws_no_fresh_replicate_weights():
+    """Found by this red team. A site's Poisson weights are a function of its secret key and the round's
+    parameters, so a repeat adds no replicates (MAX_BOOT per statistic and data, the bound the bootstrap
+    states). But the Brier round's ``min_weighted`` = ceil(q / sites) follows from the contributor count:
+    with dropouts allowed, a run over four of six sites (atoms of two sites each: allowed) keyed the same
+    sites' weights afresh, MAX_BOOT more replicates of their squared errors per set size. Fixed in
+    `queries.bootstrap.replicate_key`: ``min_weighted`` is not part of the key."""
+    from secagg_roc.queries.bootstrap import replicate_key
+    from secagg_roc.stats.bootstrap_arith import poisson_weights
+
+    study = sr.Study.local(_six(), policy=Policy(analyses=("bootstrap",), allow_dropouts=True, roles=ROLES), seed=3)
+    spy = Spy(study)
+    everyone = _quiet(sr.bootstrap_ci, study, "y", "p", statistic="brier", n_boot=50)
+    study.federation.take_down("h4")
+    study.federation.take_down("h5")
+    fewer = _quiet(sr.bootstrap_ci, study, "y", "p", statistic="brier", n_boot=50)
+    assert len(everyone.contributors) == 6 and len(fewer.contributors) == 4  # both runs were released
+    first, second = spy.params("calibration.brier_bootstrap")
+    assert first["min_weighted"] != second["min_weighted"]
+    for name in fewer.contributors:
+        site = study.site_objects[name].data
+        keys = [replicate_key(site, "calibration.brier_bootstrap", p) for p in (first, second)]
+        assert keys[0] == keys[1]
+        n = site.records()
+        np.testing.assert_array_equal(poisson_weights(keys[0], n, 50), poisson_weights(keys[1], n, 50))

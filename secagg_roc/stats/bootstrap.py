@@ -51,8 +51,9 @@ What an adversarial analyst can and cannot do (see
   The seed does not depend on the run id, which the analyst picks: with
   weights that changed from run to run, repeats would add replicates.
 * accumulate replicates: bounded. A site's weights are a function of its
-  key and the round's parameters other than ``n_boot``, so a repeat releases
-  the same totals and a larger ``n_boot`` extends the same replicates; at
+  key and the round's parameters other than ``n_boot`` and ``min_weighted``
+  (which follows from the number of contributing sites), so a repeat, or a
+  run over fewer sites, releases the same replicates and a larger ``n_boot`` extends the same replicates; at
   most ``MAX_BOOT`` replicates per statistic and data. (The key lives as
   long as the site's process: a restarted deployed site draws a new one.)
 * what the Brier replicates still reveal: the totals are compound-Poisson
