@@ -186,3 +186,124 @@ def test_a_bootstrap_over_fewer_sites_draws_no_fresh_replicate_weights():
         assert keys[0] == keys[1]
         n = site.records()
         np.testing.assert_array_equal(poisson_weights(keys[0], n, 50), poisson_weights(keys[1], n, 50))
+
+
+# == 3: contributor sets spread over several analyses ==========================================================
+
+
+def _releases(study) -> int:
+    """How many rounds released anything to the analyst."""
+    return len({e.round_number for e in study.transcript("analyst") if e.kind in ("AggregateShare", "ForwardedShares")})
+
+
+def _only(study, names: str) -> None:
+    """Sites outside `names` are down (the policy allows dropouts): the next run starts over `names`."""
+    for site in study.sites:
+        (study.federation.bring_up if site in names.split() else study.federation.take_down)(site)
+
+
+def test_three_analyses_whose_sets_are_pairwise_safe_cannot_together_isolate_a_site():
+    """Each pair of the three contributor sets splits the sites into groups of >= 2 (so each pair alone is
+    allowed), but h0 is the only site in all three: a linear combination of the Brier, calibration and
+    histogram releases could single it out. The aggregators' log forms the atoms over every release of every
+    analysis and refuses the third run at its join: nothing of it is released."""
+    rng = np.random.default_rng(0)
+    data = {f"h{k}": {"y": rng.permutation(np.r_[np.zeros(10, int), np.ones(10, int)]),
+                      "p": np.round(rng.random(20), 2)} for k in range(8)}
+    policy = dict(analyses=("brier", "calibration", "score_histogram"), allow_dropouts=True, histogram_bins=20)
+    study = _study(data, **policy)
+    _only(study, "h0 h1 h2 h3")
+    assert sr.brier_score(study, "y", "p").contributors == ("h0", "h1", "h2", "h3")
+    _only(study, "h0 h1 h4 h5")
+    assert sr.calibration_curve(study, "y", "p").contributors == ("h0", "h1", "h4", "h5")
+    _only(study, "h0 h2 h4 h6 h7")
+    before = _releases(study)
+    with pytest.raises(PolicyError, match="isolate 1 site"):
+        sr.score_histogram(study, "y", "p")
+    assert _releases(study) == before
+    # Each pair alone is allowed: the first and the third set in a fresh study.
+    fresh = _study(data, **policy)
+    _only(fresh, "h0 h1 h2 h3")
+    sr.brier_score(fresh, "y", "p")
+    _only(fresh, "h0 h2 h4 h6 h7")
+    assert sr.score_histogram(fresh, "y", "p").contributors == ("h0", "h2", "h4", "h6", "h7")
+
+
+# == 4: budgets shared by analyses, runs abandoned after their DP release ======================================
+
+
+def _dp_study(budget_epsilon: float = 1.0, seed: int = 1) -> sr.Study:
+    rng = np.random.default_rng(0)
+    data = {f"h{k}": {"y": rng.permutation(np.r_[np.zeros(20, int), np.ones(20, int)]), "p": rng.random(40)}
+            for k in range(3)}
+    dp = sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=budget_epsilon, budget_delta=0.9)
+    return _study(data, analyses=("rocglm", "calibration", "score_histogram"), dp=dp,
+                  calibration_strategy="quantile")
+
+
+def _spent(study) -> set[tuple[int, float]]:
+    return {(study.ledger(s).spent().releases, round(study.ledger(s).spent().pure_epsilon, 9)) for s in study.sites}
+
+
+def test_a_dp_release_abandoned_mid_run_is_replayed_by_every_analysis_that_shares_it_and_charged_once():
+    """The analyst stops a ROC-GLM run right after the sites' score release (its Newton rounds never come),
+    then asks for the same release through three other plans: the quantile calibration curve, an equi-depth
+    DP histogram and the ROC-GLM again. Each replays the stored values (the same quantile edges, the same
+    pooled sample), so the sites' budgets carry one Gaussian release; only the histogram's own discrete
+    Laplace noise is new, charged once, and replayed when asked again."""
+    study = _dp_study()
+    aggregate = study.aggregate
+
+    def stop(query, params=None, **kw):
+        if query == "glm.newton":
+            raise RuntimeError("the analyst walks away after the DP release")
+        return aggregate(query, params, **kw)
+
+    study.aggregate = stop
+    released = []
+    release_dp = study.release_dp
+    study.release_dp = lambda q, p=None: released.append(release_dp(q, p)) or released[-1]
+    with pytest.raises(RuntimeError):
+        _quiet(sr.roc_glm, study, "y", "p")
+    study.aggregate = aggregate
+    assert _spent(study) == {(1, 0.0)}
+    cal = sr.calibration_curve(study, "y", "p")
+    first = sr.score_histogram(study, "y", "p", privacy="distdp", strategy="quantile", bins=10)
+    assert _spent(study) == {(2, 0.3)}
+    again = sr.score_histogram(study, "y", "p", privacy="distdp", strategy="quantile", bins=10)
+    _quiet(sr.roc_glm, study, "y", "p")
+    assert _spent(study) == {(2, 0.3)}  # replays: nothing new charged
+    np.testing.assert_array_equal(first.negatives, again.negatives)
+    np.testing.assert_array_equal(first.edges, again.edges)
+    for r in released[1:]:  # every later score release is the first one, value for value
+        for site, arrays in r.items():
+            np.testing.assert_array_equal(arrays["negative"], released[0][site]["negative"])
+    assert len(released) >= 4 and cal.edges[1] == pytest.approx(float(np.asarray(cal.edges)[1]))
+
+
+def test_fresh_dp_releases_through_other_analyses_stop_at_the_one_budget_they_share():
+    """Fresh noise costs budget whichever analysis asks: a LocalDP histogram, DistDP histograms over other
+    grids (each a new release) and a ROC-GLM at another epsilon are charged to the same ledger, composed
+    (pure epsilons added, Gaussian ones in GDP, the two by basic composition), and the first release beyond
+    the budget is refused before any site computes it."""
+    study = _dp_study(budget_epsilon=1.0)
+    _quiet(sr.roc_glm, study, "y", "p")
+    sr.score_histogram(study, "y", "p", privacy="localdp", bins=10, epsilon=0.2)
+    sr.score_histogram(study, "y", "p", privacy="distdp", bins=20, epsilon=0.3)
+    sr.score_histogram(study, "y", "p", privacy="distdp", bins=25, epsilon=0.3)
+    assert _spent(study) == {(4, 0.8)}
+    before = _releases(study)
+    with pytest.raises(PolicyError, match="exceed this site's privacy budget"):
+        sr.score_histogram(study, "y", "p", privacy="distdp", bins=40, epsilon=0.3)
+    assert _spent(study) == {(4, 0.8)}
+    assert _releases(study) - before == 1  # the refused run's join only
+    # Gaussian releases go on while their composition fits what the pure ones left, and stop there.
+    for k in range(1, 10):
+        try:
+            _quiet(sr.roc_glm, study, "y", "p", epsilon=0.3 - 0.01 * k, delta=0.4)
+        except PolicyError as exc:
+            assert "exceed this site's privacy budget" in str(exc)
+            break
+    else:
+        pytest.fail("the budget never stopped fresh Gaussian releases")
+    assert all(study.ledger(s).spent().within_budget for s in study.sites)
