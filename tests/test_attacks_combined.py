@@ -43,9 +43,9 @@ def _clean_site(per_cell: int = 5) -> dict:
     return {"y": y, "p": p}
 
 
-def _study(data: dict, **policy) -> sr.Study:
+def _study(data: dict, seed: int | None = None, **policy) -> sr.Study:
     options = {"roles": ROLES, **policy}
-    return sr.Study.local(data, policy=Policy(**options))
+    return sr.Study.local(data, policy=Policy(**options), seed=seed)
 
 
 def _small(x: float) -> bool:
@@ -307,3 +307,36 @@ def test_fresh_dp_releases_through_other_analyses_stop_at_the_one_budget_they_sh
     else:
         pytest.fail("the budget never stopped fresh Gaussian releases")
     assert all(study.ledger(s).spent().within_budget for s in study.sites)
+
+
+def test_distdp_noise_shares_are_not_replayed_into_another_contributor_set():
+    """Found by this red team. A DistDP histogram's total carries one Pólya share of the discrete Laplace
+    noise from each of its M contributors, and a site replayed its noisy counts on any repeat with the same
+    parameters, M included, whatever the contributor set. With dropouts allowed and six sites, three runs
+    over {h0..h3}, {h0, h1, h4, h5} and {h2..h5} (atoms of two sites: allowed) gave
+    (r1 + r2 - r3) / 2 = h0 + h1 plus only h0's and h1's shares: half the noise an epsilon-DP release of
+    that total needs, while h0 and h1 were charged epsilon once. Fixed in `Site._release_key`: a summed
+    release the site noises itself is keyed by its contributor set too, so another set draws fresh shares
+    and is charged again."""
+    from secagg_roc.dp.discrete import discrete_laplace_variance
+    from secagg_roc.stats.histogram import bucket_index
+
+    data = _six(n=100)
+    dp = sr.DPPolicy(epsilon=1.0, delta=1e-6, l2_sensitivity=0.05, budget_epsilon=5.0)
+    study = _study(data, seed=5, analyses=("score_histogram",), dp=dp, allow_dropouts=True, histogram_bins=1000)
+    runs = []
+    for names in ("h0 h1 h2 h3", "h0 h1 h4 h5", "h2 h3 h4 h5"):
+        _only(study, names)
+        h = sr.score_histogram(study, "y", "p", privacy="distdp", epsilon=1.0)
+        assert h.contributors == tuple(names.split())
+        runs.append(np.r_[h.negatives, h.positives])
+    truth = 0
+    for name in ("h0", "h1"):
+        d = data[name]
+        idx = bucket_index(d["p"], 0.0, 1.0, 1000)
+        truth = truth + np.r_[np.bincount(idx[d["y"] == 0], minlength=1000), np.bincount(idx[d["y"] == 1], minlength=1000)]
+    error = (runs[0] + runs[1] - runs[2]) / 2 - truth  # 2000 cells: the analyst's estimate of h0 + h1
+    # With fresh shares the error is (N1 + N2 - N3) / 4: 3/4 of a full release's variance; with h0's and h1's
+    # shares replayed it was their two shares alone, 2/4 of it (charged once).
+    assert error.var() > 0.62 * discrete_laplace_variance(1.0)
+    assert {study.ledger(s).spent().releases for s in ("h0", "h1")} == {2}

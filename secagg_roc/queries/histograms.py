@@ -17,8 +17,8 @@ clipped to it). How they are protected:
   the site's whole withheld remainder is 0 or at least ``min_cell`` too.
 * ``histogram.distdp`` (DistDP): exact counts plus this site's Pólya share of
   discrete Laplace noise (`dp.discrete`), summed securely: only the noisy
-  total exists anywhere. Charged to the site's budget, drawn once (a repeat is
-  replayed from the ledger).
+  total exists anywhere. Charged to the site's budget, drawn once per
+  contributor set (a repeat over the same set is replayed from the ledger).
 * ``histogram.localdp`` (LocalDP): the sum of the site's records' optimal
   unary encoding reports; each record's report is epsilon-LDP by itself, so
   secure aggregation adds protection but is not needed. Charged and replayed
