@@ -161,31 +161,53 @@ class Spy:
         return [p for q, p, _ in self.log if q == query]
 
 
-def test_a_bootstrap_over_fewer_sites_draws_no_fresh_replicate_weights():
-    """Found by this red team. A site's Poisson weights are a function of its secret key and the round's
-    parameters, so a repeat adds no replicates (MAX_BOOT per statistic and data, the bound the bootstrap
-    states). But the Brier round's ``min_weighted`` = ceil(q / sites) follows from the contributor count:
-    with dropouts allowed, a run over four of six sites (atoms of two sites each: allowed) keyed the same
-    sites' weights afresh, MAX_BOOT more replicates of their squared errors per set size. Fixed in
-    `queries.bootstrap.replicate_key`: ``min_weighted`` is not part of the key."""
-    from secagg_roc.queries.bootstrap import replicate_key
-    from secagg_roc.stats.bootstrap_arith import poisson_weights
+def _brier_replicates(study, spy, names: str, n_boot: int = 200):
+    _only(study, names)
+    result = _quiet(sr.bootstrap_ci, study, "y", "p", statistic="brier", n_boot=n_boot)
+    assert result.contributors == tuple(names.split())
+    query, params, totals = [x for x in spy.log if x[0] == "calibration.brier_bootstrap"][-1]
+    return params, np.asarray(totals["numerator"], float), np.asarray(totals["weight"], float)
 
-    study = sr.Study.local(_six(), policy=Policy(analyses=("bootstrap",), allow_dropouts=True, roles=ROLES), seed=3)
+
+def test_bootstrap_replicates_of_an_atom_of_sets_cover_q_records_and_other_sets_add_none():
+    """Found by this red team (two holes, one fix). A site's Poisson weights are a function of its secret
+    key and the round's parameters, and every site weighted at least ceil(q / sites of the run) records per
+    replicate. With dropouts allowed and six sites of q records:
+
+    * runs over {h0..h3}, {h0, h1, h4, h5} and {h2..h5} (atoms of two sites: allowed) share h0's and h1's
+      weights, so (r1 + r2 - r3) / 2 is, replicate by replicate, the exact weighted Brier sums of h0 and h1
+      alone, some over 2 + 2 = 4 records: fewer than q;
+    * ``min_weighted`` was a round parameter, and so part of the key: a run over another number of sites
+      drew fresh weights, MAX_BOOT more replicates (the bound the bootstrap states) per set size.
+
+    Fixed in `stats.bootstrap.min_weighted`: ceil(q / min_sites) per site, a policy value; every atom the
+    aggregators allow holds min_sites sites, so its replicates cover q records."""
+    from secagg_roc.queries.bootstrap import replicate_key
+    from secagg_roc.stats.bootstrap_arith import poisson_chunks
+
+    rng = np.random.default_rng(0)
+    data = {f"h{k}": {"y": np.full(Q, k % 2), "p": np.round(rng.random(Q), 2)} for k in range(6)}
+    study = sr.Study.local(data, policy=Policy(analyses=("bootstrap",), allow_dropouts=True, roles=ROLES), seed=3)
     spy = Spy(study)
-    everyone = _quiet(sr.bootstrap_ci, study, "y", "p", statistic="brier", n_boot=50)
-    study.federation.take_down("h4")
-    study.federation.take_down("h5")
-    fewer = _quiet(sr.bootstrap_ci, study, "y", "p", statistic="brier", n_boot=50)
-    assert len(everyone.contributors) == 6 and len(fewer.contributors) == 4  # both runs were released
-    first, second = spy.params("calibration.brier_bootstrap")
-    assert first["min_weighted"] != second["min_weighted"]
-    for name in fewer.contributors:
+    runs = [_brier_replicates(study, spy, names) for names in ("h0 h1 h2 h3", "h0 h1 h4 h5", "h2 h3 h4 h5")]
+    numerator = (runs[0][1] + runs[1][1] - runs[2][1]) / 2  # the analyst's replicates of h0 + h1
+    params = runs[0][0]
+    covered = 0
+    for name in ("h0", "h1"):  # the truth, from the sites' own keys
         site = study.site_objects[name].data
-        keys = [replicate_key(site, "calibration.brier_bootstrap", p) for p in (first, second)]
-        assert keys[0] == keys[1]
-        n = site.records()
-        np.testing.assert_array_equal(poisson_weights(keys[0], n, 50), poisson_weights(keys[1], n, 50))
+        key = replicate_key(site, "calibration.brier_bootstrap", params)
+        weights = np.concatenate([w for _, w in poisson_chunks(key, Q, 200, min_nonzero=params["min_weighted"])])
+        errors = (data[name]["p"] - data[name]["y"]) ** 2
+        numerator = numerator - np.r_[errors.sum(), weights @ errors]
+        covered = covered + np.count_nonzero(weights, axis=1)
+    assert np.allclose(numerator, 0.0, atol=1e-6)  # the attacker's differencing is exact
+    assert covered.min() >= Q, "an atom's replicate totals cover fewer than q records"
+    fewer = _brier_replicates(study, spy, "h0 h1")  # another set size: the same weights, no fresh replicates
+    assert fewer[0]["min_weighted"] == runs[0][0]["min_weighted"]
+    for name in ("h0", "h1"):
+        site = study.site_objects[name].data
+        assert replicate_key(site, "calibration.brier_bootstrap", fewer[0]) == \
+            replicate_key(site, "calibration.brier_bootstrap", runs[0][0])
 
 
 # == 3: contributor sets spread over several analyses ==========================================================
