@@ -416,3 +416,40 @@ def test_many_roc_glm_runs_at_the_noise_cap_do_not_give_the_pooled_score_table()
     pinned = np.abs((np.eye(grid.size) - np.linalg.pinv(A) @ A)).sum(axis=1) < 1e-6  # cells the runs determine
     small = (truth > 0) & (truth < Q)
     assert not np.any(pinned & small & (np.rint(x) == truth)), "cells of 1-4 cases read exactly"
+
+
+# == 6: plans driven across each other ======================================================================
+
+
+def test_a_round_of_one_analysis_sent_under_another_run_or_after_its_end_is_refused_and_releases_nothing():
+    """Runs joined side by side (a Brier score and a calibration curve): the calibration's bin round sent
+    under the Brier run's id (a table under a run whose plan releases one sum), a finished Brier run's round
+    sent again (and its next step, after the plan's end), and a round under a run id never joined: each is
+    refused before any site computes, and nothing but the joins and the honest rounds is released."""
+    from secagg_roc.plans import declared, get_plan
+    from secagg_roc.plans.runner import join_params
+
+    study = _study({f"h{k}": _clean_site() for k in range(3)}, analyses=("brier", "calibration"))
+    spy = Spy(study)
+    everyone = list(study.sites)
+
+    def join(run, analysis, args):
+        canon = declared(get_plan(analysis), study.policy, args)
+        study.aggregate("run.join", join_params(run, analysis, canon, study.policy.digest()))
+
+    bins = {"label": "y", "score": "p", "n_bins": 10, "score_range": [0.0, 1.0], "min_cell": Q}
+    join("b", "brier", {"label": "y", "score": "p"})
+    join("c", "calibration", {"label": "y", "score": "p"})
+    before = _releases(study)
+    with pytest.raises(PolicyError, match="does not follow the plan"):
+        study.aggregate("calibration.bins", {"run": "b", "step": 1, "contributors": everyone, **bins})
+    with pytest.raises(PolicyError, match="no run this site joined|not been started"):
+        study.aggregate("calibration.bins", {"run": "never", "step": 1, "contributors": everyone, **bins})
+    assert _releases(study) == before
+    sr.brier_score(study, "y", "p")  # an honest run: its join and its one round
+    (_, params, _), = [x for x in spy.log if x[0] == "calibration.brier"]
+    done = _releases(study)
+    for step in (1, 2):  # the finished run's round again, and a step after its plan's end
+        with pytest.raises(PolicyError):
+            study.aggregate("calibration.brier", {**params, "step": step})
+    assert _releases(study) == done
