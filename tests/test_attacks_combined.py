@@ -453,3 +453,67 @@ def test_a_round_of_one_analysis_sent_under_another_run_or_after_its_end_is_refu
         with pytest.raises(PolicyError):
             study.aggregate("calibration.brier", {**params, "step": step})
     assert _releases(study) == done
+
+
+def test_a_site_restarted_with_its_ledger_replays_its_releases_and_cannot_be_walked_back_into_old_runs():
+    """A site re-created mid-study from the same data and ledger (a restarted agent that restored its
+    ledger but none of its runs): a repeat of any DP release, through any analysis, is replayed from the
+    ledger (no fresh noise, no charge), a fresh one is charged on top of the old charges, and the rounds
+    of a run it joined before the restart are refused (the aggregators remember the run's order, the site
+    knows no such run), so a restart opens no second copy of an old plan."""
+    study = _dp_study()
+    spy = Spy(study)
+    first = _quiet(sr.roc_glm, study, "y", "p")
+    join = [p for q, p, _ in spy.log if q == "run.join"][-1]
+    counts = [p for q, p, _ in spy.log if q == "rocglm.counts"][-1]
+    old = study.site_objects["h0"]
+    study.site_objects["h0"] = study.federation.site(old.data, policy=old.policy, ledger=old.ledger,
+                                                     allow_non_private=True)
+    again = _quiet(sr.roc_glm, study, "y", "p")
+    assert _spent(study) == {(1, 0.0)} and float(again.auc) == float(first.auc)
+    sr.score_histogram(study, "y", "p", privacy="distdp", bins=10, epsilon=0.3)
+    assert _spent(study) == {(2, 0.3)}
+    before = _releases(study)
+    for query, params in (("run.join", join), ("rocglm.counts", counts), ("rocglm.counts", {**counts, "step": 2})):
+        with pytest.raises(PolicyError):
+            study.aggregate(query, params)
+    assert _releases(study) == before
+
+
+# == 7: refusals that could depend on the data ===============================================================
+
+
+def _refusals(seed: int) -> list[str]:
+    """The refusal texts the analyst gets from the cross-analysis attacks above, on data drawn with `seed`
+    (the same sites, sizes and class counts every time; other scores)."""
+    import re
+
+    rng = np.random.default_rng(seed)
+    data = {f"h{k}": {"y": np.r_[np.zeros(10, int), np.ones(10, int)], "p": np.round(rng.random(20), 2)}
+            for k in range(8)}
+    dp = sr.DPPolicy(epsilon=1.0, delta=1e-6, l2_sensitivity=0.05, budget_epsilon=1.5)
+    study = _study(data, seed=seed, analyses=("brier", "calibration", "score_histogram"), allow_dropouts=True,
+                   histogram_bins=20, dp=dp)
+    out = []
+    _only(study, "h0 h1 h2 h3")
+    sr.brier_score(study, "y", "p")
+    _only(study, "h0 h1 h4 h5")
+    sr.calibration_curve(study, "y", "p")
+    _only(study, "h0 h2 h4 h6 h7")
+    for attack in (lambda: sr.score_histogram(study, "y", "p"),
+                   lambda: study.aggregate("calibration.bins", {"run": "r", "step": 1, "label": "y", "score": "p"})):
+        with pytest.raises(PolicyError) as exc:
+            attack()
+        out.append(str(exc.value))
+    _only(study, " ".join(study.sites))
+    sr.score_histogram(study, "y", "p", privacy="distdp", bins=10, epsilon=1.0)
+    with pytest.raises(PolicyError) as exc:
+        sr.score_histogram(study, "y", "p", privacy="distdp", bins=20, epsilon=1.0)
+    out.append(str(exc.value))
+    return [re.sub(r"run '[^']*'", "run <id>", text) for text in out]
+
+
+def test_refusals_of_the_cross_analysis_attacks_name_the_rule_never_the_data():
+    first = _refusals(1)
+    assert first == _refusals(2)
+    assert "isolate 1 site" in first[0] and "exceed this site's privacy budget" in first[2]
