@@ -97,6 +97,23 @@ def test_a_score_on_a_calibration_edge_is_not_given_back_by_the_bin_minus_its_bu
     assert not _small(cases - int(h.positives[:2].sum()))
 
 
+def test_the_secure_auc_and_the_histogram_bucket_a_score_on_a_calibration_edge_alike():
+    """Found by this red team, after the edge fix above: the secure AUC bucketed h1's five cases scored
+    exactly 0.1 above the edge, the Federated histogram (now) below it, beside five controls at 0.05. The
+    histogram's AUC (ties 1/2 in that bucket) then differed from the secure AUC by 25/2 pairs, which told
+    the analyst that five of the released bucket's records lie on the edge. Fixed in the ``secure_auc``
+    plan: while small cells are withheld and the grids nest, its round buckets as the histogram does."""
+    data = {f"h{k}": _clean_site() for k in range(3)}
+    d = data["h1"]
+    d["y"] = np.r_[d["y"], np.zeros(5, int), np.ones(5, int)]
+    d["p"] = np.r_[d["p"], np.full(5, 0.05), np.full(5, 0.1)]
+    study = _study(data, analyses=("score_histogram", "calibration", "secure_auc"), histogram_bins=20)
+    h = sr.score_histogram(study, label="y", score="p")
+    auc = sr.secure_auc(study, label="y", score="p")
+    assert h.withheld == 0
+    assert abs(h.auc() - float(auc)) <= 0.5e-4 + 1e-12
+
+
 def _site(y, p) -> SiteData:
     return SiteData("s", {"y": np.asarray(y, dtype=np.int64), "p": np.asarray(p, dtype=float)})
 

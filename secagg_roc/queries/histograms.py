@@ -150,6 +150,13 @@ def localdp_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
 
 @site_query("histogram.shares", outputs=OUTPUTS, release="mpc")
 def kept_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """The secure AUC's input: exact counts whose total no party ever reconstructs."""
+    """The secure AUC's input: exact counts whose total no party ever reconstructs (with ``groups``, bucketed
+    as the Federated histogram buckets them, so that the two agree on every record's bucket)."""
     neg, pos, n = class_counts(site, params)
+    groups = params.get("groups")
+    if groups is not None:
+        groups = param(site, params, "groups", int)
+        if groups < 2 or neg.size % groups:
+            raise site.fail(f"groups must divide the {neg.size} buckets, got {groups}")
+        neg, pos = nested_counts(site, params, neg.size, groups)
     return QueryResult({"negative": neg, "positive": pos}, records=n)
