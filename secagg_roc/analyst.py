@@ -59,7 +59,8 @@ def _check_together(shares: list, scheme: SharingScheme, attrs: tuple[str, ...])
     first = ordered[0]
     for s in ordered[1:]:
         for attr in attrs:
-            if getattr(s, attr) != getattr(first, attr):
+            mine, theirs = getattr(s, attr), getattr(first, attr)
+            if mine is not theirs and mine != theirs:
                 raise CombineError(
                     f"aggregators {first.aggregator} and {s.aggregator} disagree on {attr}: "
                     f"{getattr(first, attr)} vs {getattr(s, attr)}; refusing to return a wrong total"
@@ -78,8 +79,9 @@ def combine(shares: list[AggregateShare], scheme: SharingScheme, buffers: Buffer
         raise CombineError("aggregate shares must be uint64 vectors of one length")
     if first.encoding.raw:
         raise CombineError("raw float encodings are per-site releases; they are never summed")
-    out = None if buffers is None else buffers.take(layout_size(first.layout))
-    if first.vector.size != scheme.payload_length(layout_size(first.layout)):
+    size = layout_size(first.layout)
+    out = None if buffers is None else buffers.take(size)
+    if first.vector.size != scheme.payload_length(size):
         raise CombineError("aggregate shares do not have the length their layout and the scheme give")
     for s in ordered:
         problem = scheme.check_payload(s.vector)

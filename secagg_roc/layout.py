@@ -24,20 +24,20 @@ def flatten(values: Mapping[str, np.ndarray], kinds: Mapping[str, str] | None = 
     """
     names = sorted(values)
     arrays = [np.asarray(values[n]) for n in names]
+    integer = []
     for n, a in zip(names, arrays):
         if kinds is None or n not in kinds:  # a query's declared outputs were checked when it was registered
             check_name(n, "output name")
-        if a.dtype.kind not in "iubf":
+        kind = a.dtype.kind
+        if kind not in "iubf":
             raise SiteQueryError(f"output {n!r} has dtype {a.dtype}; outputs are numbers")
-    if kinds is None:
-        integer = [a.dtype.kind in "iub" for a in arrays]
-    else:
-        integer = [kinds[n] == "int" for n in names]
-    layout = tuple((n, tuple(a.shape), i) for n, a, i in zip(names, arrays, integer))
+        integer.append(kind in "iub" if kinds is None else kinds[n] == "int")
+    layout = tuple(zip(names, [a.shape for a in arrays], integer))
     dtype = np.int64 if all(integer) else np.float64
     if len(arrays) == 1 and arrays[0].dtype == dtype and arrays[0].flags.c_contiguous:
         return layout, arrays[0].reshape(-1)  # the common large case: no copy
-    return layout, np.concatenate([a.reshape(-1).astype(dtype, copy=False) for a in arrays])
+    # One cast into the joined vector (astype's own, "unsafe"), not one per array first.
+    return layout, np.concatenate([a.ravel() for a in arrays], dtype=dtype, casting="unsafe")
 
 
 def unflatten(layout: Layout, vector: np.ndarray) -> dict[str, np.ndarray]:

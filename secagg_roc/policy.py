@@ -253,8 +253,12 @@ class Policy:
 
     def digest(self) -> str:
         """SHA-256 of the canonical policy: a run names it, and sites refuse a run under another policy."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
+        kept = self.__dict__.get("_digest")
+        if kept is None:  # a frozen policy's digest never changes: kept with it (every run's join names it)
+            blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+            kept = hashlib.sha256(blob).hexdigest()
+            object.__setattr__(self, "_digest", kept)
+        return kept
 
     # -- checks (run by each Site, and first by the Analyst) --------------------
 

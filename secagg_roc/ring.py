@@ -117,6 +117,11 @@ class FixedPoint:
         self._limit = limit
         self.max_float = limit * 2.0 ** -self.frac_bits
         self.max_int = self.max_encoded
+        # `_encode_float`'s constants, made once per codec (a site encodes every round with the same one).
+        self._scale = float(2 ** self.frac_bits)
+        self._offset = 1.5 * 2.0 ** (52 - self.frac_bits)
+        self._offset_bits = np.float64(self._offset).view(np.int64)
+        self._magic_limit = min(limit, float(2**51 - 1)) / self._scale
 
     def __repr__(self) -> str:
         return f"FixedPoint(frac_bits={self.frac_bits}, max_sites={self.max_sites}{', saturate=True' if self.saturate else ''})"
@@ -184,7 +189,7 @@ class FixedPoint:
     def _encode_float(self, x: np.ndarray, out: np.ndarray, on_chunk: Callable[[np.ndarray], None] | None) -> None:
         flat_x = x.reshape(-1)
         flat_out = out.reshape(-1).view(np.int64)
-        scale = float(2 ** self.frac_bits)
+        scale = self._scale
         limit = self._limit
         # Adding offset = 1.5 * 2^(52 - frac_bits) to x puts the sum in a binade
         # whose spacing is exactly 2^-frac_bits: the add rounds x to the ring's
@@ -192,9 +197,10 @@ class FixedPoint:
         # integer in the low mantissa bits. One add and one integer subtract thus
         # replace scaling, rint and a slow float->int cast. Valid while
         # |x * 2^frac_bits| < 2^51; other chunks take the exact slow path.
-        offset = 1.5 * 2.0 ** (52 - self.frac_bits)
-        offset_bits = np.float64(offset).view(np.int64)
-        magic_limit = min(limit, float(2**51 - 1)) / scale
+        offset, offset_bits, magic_limit = self._offset, self._offset_bits, self._magic_limit
+        # (Reductions called directly: a round's few totals would spend most of their encoding in the
+        # methods' wrappers.)
+        top, bottom = np.maximum.reduce, np.minimum.reduce
         buf = np.empty(min(_CHUNK, flat_x.size), dtype=np.float64)
         for start in range(0, flat_x.size, _CHUNK):
             chunk = flat_x[start : start + _CHUNK]
@@ -208,7 +214,7 @@ class FixedPoint:
                 np.add(chunk, offset, out=shifted)
             # Exact: the sum and the offset share a binade. `not (a <= b)` is also
             # true for NaN, so one test catches NaN, inf and overflow.
-            hi, lo = shifted.max() - offset, shifted.min() - offset
+            hi, lo = top(shifted) - offset, bottom(shifted) - offset
             if hi <= magic_limit and lo >= -magic_limit:
                 np.subtract(shifted.view(np.int64), offset_bits, out=target)
             else:

@@ -108,7 +108,7 @@ class Round:
     def _check_share(self, share: InputShare) -> None:
         _check_fields(share)
         rid = self.round_id
-        if share.round_id != rid:
+        if share.round_id is not rid and share.round_id != rid:  # (in process: often the query's own id)
             if (share.round_id.study, share.round_id.number) == (rid.study, rid.number):
                 raise RoundError(f"share for {share.round_id} was computed for a different query than {rid}")
             raise RoundError(f"share for {share.round_id} sent to {rid}")
@@ -148,7 +148,8 @@ class Round:
                 f"share from {share.site!r} has frac_bits={share.encoding.frac_bits}, the query asked for {self.query.frac_bits}"
             )
         if self._declared is not None:
-            if sorted((n, i) for n, _, i in share.layout) != self._declared:
+            pairs = [(n, i) for n, _, i in share.layout]  # a site's layout comes sorted by name (`flatten`)
+            if pairs != self._declared and sorted(pairs) != self._declared:
                 raise RoundError(f"share from {share.site!r}: its layout does not match the outputs {self.query.name!r} declares")
         # Whether the shares agree with each other is decided at the close (`_disagreeing`), never by
         # whichever share came first: one odd share must not make every honest one bounce.

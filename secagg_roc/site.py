@@ -4,9 +4,13 @@ Run by each Site, in the embedded study and in the deployed site agent alike.
 Before a record is read, every request is checked:
 
 * a run's join: the analysis and its canonical arguments against the site's
-  policy, the analyst's policy digest against the site's own, and the site's
-  data against the analysis (`plans.SiteRuns.check_join`);
-* every later round: it must be exactly the next step of the site's own copy
+  policy, the analyst's policy digest against the site's own, every site query
+  the plan declares for the run against the operator's `allowed_queries`
+  (so a run the whitelist would stop later is refused before it releases or
+  charges anything), and the site's data against the analysis
+  (`plans.SiteRuns.check_join`);
+* every later round: it must ask for a query the run declared, one the
+  whitelist allows, and be exactly the next step of the site's own copy
   of the run's plan (same query, parameters and precision), the plan having
   been fed with the releases the site received from the aggregators;
 * an exact release: the site's ledger refuses a contributor set that could be
@@ -45,6 +49,9 @@ from .queries import SiteData, canonical_params, lookup, message_digest, quantit
 from .queries.run import JOIN
 from .ring import FixedPoint, RawFloat
 from .sharing import SharingScheme
+
+#: `json.dumps(value, sort_keys=True)`, its encoder made once.
+_SORTED_JSON = json.JSONEncoder(sort_keys=True).encode
 
 #: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
 MAX_PENDING_ROUNDS = 1024
@@ -135,10 +142,9 @@ class Site:
         split's seeds are drawn here (`SharingScheme.fresh_seeds`) and handed to
         `persist` with the shares, so that they can be logged.
         """
-        _, joined, info, step = self._vet(query)
+        _, joined, info, step, params = self._vet(query)
         if persist is not None and seeds is None:
             seeds = self.scheme.fresh_seeds(self.holder)
-        params = query.params
         run, number = params.get("run"), params.get("step")
         if query.name == JOIN:
             shares = self._join_shares(query, seeds)
@@ -166,9 +172,9 @@ class Site:
         rule); an interactive scheme runs it before any key is made for the round."""
         self._vet(query)
 
-    def _vet(self, query: Query) -> tuple[Answered | None, tuple | None, RunInfo | None, Step | None]:
+    def _vet(self, query: Query) -> tuple[Answered | None, tuple | None, RunInfo | None, Step | None, dict]:
         """The checks of `answer`: (the earlier answer of this number, the join's (plan, arguments) to record
-        once durable, the run and its step)."""
+        once durable, the run and its step, the query's parameters as parsed here)."""
         self.check_query(query)
         params = query.params
         run, number = params.get("run"), params.get("step")
@@ -182,13 +188,14 @@ class Site:
                 self._check_consent(joined[1])
                 # Even the join's record total would tell how the data changed since earlier releases.
                 self.ledger.check_data(self.data_digest)
-            return again, joined, None, None
+            return again, joined, None, None, params
         if run is None:
             raise PolicyError(
                 f"site {self.name!r}: query {query.name!r} is not a round of a declared analysis; sites answer "
                 "only the rounds of a run's plan"
             )
         info, step = self.runs.expect(run, number)
+        self.runs.check_query(run, query.name, self.data)  # a declared query the whitelist allows, before the step
         asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
         # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
         problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)
@@ -203,7 +210,7 @@ class Site:
                 f"{params.get('contributors')!r}, not the one of the join release it received"
             )
         self._vet_ledger(info, step)
-        return again, None, info, step
+        return again, None, info, step, params
 
     def _vet_ledger(self, info: RunInfo, step: Step) -> None:
         """The ledger's checks of a step, before anything is computed (`_exact` and `_per_site` make them
@@ -275,7 +282,7 @@ class Site:
             values, records, noisy = self._noised_sum(info, number, step, replay)
             entries += noisy
         else:
-            _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
+            _, result = run_site_query(self.data.with_context(step.context), step.query, step.params, canonical=True)
             values, records = result.values, result.records
         shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
         return shares, entries
@@ -288,7 +295,7 @@ class Site:
         parts = [self.study, step.query, canonical_params(step.params), self.data_digest]
         if contributors is not None:
             parts.append(sorted(contributors))
-        blob = json.dumps(parts, sort_keys=True)
+        blob = _SORTED_JSON(parts)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _noised_sum(self, info: RunInfo, number: int, step: Step, replay: bool) -> tuple[Mapping, int, list]:
@@ -305,7 +312,7 @@ class Site:
         self.policy.check_pure_dp(step.params.get("epsilon"))
         charge = spec.charge(step.params)
         self.ledger.check_charge(charge)
-        _, result = run_site_query(self.data.with_context(step.context), step.query, step.params)
+        _, result = run_site_query(self.data.with_context(step.context), step.query, step.params, canonical=True)
         entry = self.ledger.noisy_entry(key, info.run, number, result.values, charge)
         return result.values, result.records, [entry]
 
@@ -336,7 +343,7 @@ class Site:
                 assert self.policy.dp is not None
                 charge = Charge.gaussian(request.sigma, self.policy.dp.l2_sensitivity, request.epsilon, request.delta)
                 self.ledger.check_charge(charge)
-            _, result = run_site_query(self.data.with_context(step.context), step.query, params)
+            _, result = run_site_query(self.data.with_context(step.context), step.query, params, canonical=True)
             values = result.values
             entries.append(self.ledger.noisy_entry(key, info.run, number, values, charge))
         layout, flat = flatten(values, lookup(step.query).outputs)
@@ -415,7 +422,8 @@ class Site:
             return
         number = shares[0].round_id.number
         answered = self.answered.get(number)
-        if answered is None or any(s.round_id != answered.query.round_id for s in shares):
+        rid = answered.query.round_id if answered is not None else None
+        if answered is None or any(s.round_id is not rid and s.round_id != rid for s in shares):
             raise MessageError(f"site {self.name!r}: a release for round {number}, which this site did not answer")
         if isinstance(shares[0], ForwardedShares):
             release = combine_forwarded(shares, self.scheme)  # type: ignore[arg-type]

@@ -510,7 +510,7 @@ def test_a_round_of_one_analysis_sent_under_another_run_or_after_its_end_is_refu
     join("b", "brier", {"label": "y", "score": "p"})
     join("c", "calibration", {"label": "y", "score": "p"})
     before = _releases(study)
-    with pytest.raises(PolicyError, match="does not follow the plan"):
+    with pytest.raises(PolicyError, match="does not follow the plan|does not declare"):
         study.aggregate("calibration.bins", {"run": "b", "step": 1, "contributors": everyone, **bins})
     with pytest.raises(PolicyError, match="no run this site joined|not been started"):
         study.aggregate("calibration.bins", {"run": "never", "step": 1, "contributors": everyone, **bins})

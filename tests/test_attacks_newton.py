@@ -148,8 +148,10 @@ def test_a_newton_round_off_the_plan_is_refused_before_any_site_computes(name, n
     nth, change = TAMPERINGS[name]
     study = _study()
     sent = _tampered(study, nth, change)
-    # (a step out of order is refused by the aggregators already, before any site is asked)
-    with pytest.raises(PolicyError, match="does not follow the plan|may open only after step"):
+    # (a step out of order is refused by the aggregators already, before any site is asked; a query the run did
+    # not declare at its join, by every site before it looks at the step)
+    with pytest.raises(PolicyError, match="does not follow the plan|may open only after step|"
+                                          "asks for query 'glm.fisher', which the plan does not declare"):
         _quiet(sr.roc_glm, study, "y", "score")
     assert sent, "the attack was not played"
     # The rounds before the tampered one were computed by all three sites; the tampered one by none.
@@ -194,7 +196,9 @@ def test_glm_newton_outside_a_rocglm_run_is_refused(newton_calls):
     study.aggregate("run.join", join_params("g1", "glm", args, study.policy.digest()))
     design = {"kind": "arrays", "y": "y", "X": [], "weights": None}
     study.aggregate("glm.means", {"run": "g1", "step": 1, "contributors": sites, "design": design}, frac_bits=16)
-    with pytest.raises(PolicyError, match="it asks for query 'glm.newton', the plan's step is 'glm.fisher'"):
+    # (a glm run declares glm.fisher, never glm.newton: refused before the step is compared)
+    with pytest.raises(PolicyError, match="run 'g1' \\(glm\\) asks for query 'glm.newton', which the plan does not "
+                                          "declare for the run"):
         study.aggregate("glm.newton", {"run": "g1", "step": 2, "contributors": sites, **params,
                                        "beta": [0.0], "design": design}, frac_bits=32)
     # In a rocglm run, in the place of its counts.
@@ -245,12 +249,9 @@ def test_a_rocglm_run_without_one_site_is_refused_before_its_newton_rounds(newto
     assert len(newton_calls) == computed
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "GAP (the change makes it likely): a site whose operator's allowed_queries predate glm.newton (a list "
-    "naming glm.fisher, as the ROC-GLM needed before) joins a rocglm run and makes its DP release, charged to "
-    "its budget, before it refuses the first Newton round: the whitelist is not checked against the plan at "
-    "the join"))
 def test_a_site_that_does_not_allow_glm_newton_spends_no_budget_on_a_rocglm_run():
+    # A whitelist that predates glm.newton (it names glm.fisher, as the ROC-GLM needed before): the site refuses
+    # the run at its join, because the plan declares glm.newton, not at the first Newton round after its release.
     study = _study()
     site = study.site_objects["s2"]
     site.data = dataclasses.replace(site.data, allowed_queries=frozenset(set(QUERIES) - {"glm.newton"}))
@@ -308,6 +309,10 @@ def _run(newton: bool, monkeypatch, l2: float | None = None, seed: int = 0, n: i
         fit = rocglm_module.fit_design_rounds
         monkeypatch.setattr(rocglm_module, "fit_design_rounds",
                             lambda *a, **kw: fit(*a, **{**kw, "newton": False, "start": None}))
+        # ... declared as that plan was: its rounds sent glm.fisher, not glm.newton.
+        rocglm = sr.plans.get_plan("rocglm")
+        monkeypatch.setitem(sr.plans.PLANS, "rocglm", dataclasses.replace(
+            rocglm, queries=rocglm.queries - {"glm.newton"} | {"glm.fisher"}))
     study = _study(data)
     spy = Spy(study)
     _quiet(sr.roc_glm, study, "y", "score", l2_sensitivity=l2)

@@ -22,8 +22,10 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
     For the policy's roles (or, with no roles, every column in every role)
     what `queries.checks.role_problems` finds; how many scores lie outside
     the policy's score range (clipped in every analysis); the record count
-    against q (a site with fewer takes no part in per-site DP releases); and
-    what the site's ledger has released so far. Local only: nothing leaves the site.
+    against q (a site with fewer takes no part in per-site DP releases); the
+    allowed analyses whose runs may send a query the site's `allowed_queries`
+    lack (such a run is refused at its join: the operator's choice, not a
+    problem); and what the site's ledger has released so far. Local only: nothing leaves the site.
     """
     # Imported here, not at the top: the CLI imports this module when it starts, for every command.
     import numpy as np
@@ -50,8 +52,17 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
         f"site {name!r} of study {config.study_id!r}: {records} records from {party.data}",
         f"policy {policy.digest()[:12]}: {policy.describe()}",
         f"analyses allowed: {', '.join(policy.analyses)}",
-        "",
     ]
+    if party.allowed_queries is not None:
+        # Each plan declares its queries; a run declaring one the whitelist lacks is refused at the join.
+        allowed = set(party.allowed_queries)
+        lines.append(f"allowed_queries: {len(allowed)} site queries")
+        for analysis in policy.analyses:
+            missing = sorted(PLANS[analysis].queries - allowed) if analysis in PLANS else []
+            if missing:
+                lines.append(f"  {analysis}: a run that sends {', '.join(missing)} is refused at its join "
+                             "(not in allowed_queries)")
+    lines.append("")
     problems: list[str] = []
 
     def check(role: str, array: str) -> list[str]:

@@ -17,19 +17,29 @@ them in canonical form: the sites run it again on the arguments the analyst
 sends and refuse a run whose arguments are not already canonical. `uses(args)`
 names the arrays and their roles, which the policy must allow and the site's
 data must pass at the start of every run.
+
+Every plan also declares the site queries its rounds may send: `Plan.queries`,
+all a run of the analysis can ask for, and `Plan.run_queries(policy, args)`,
+the part of it a run with these arguments asks for (a Brier bootstrap sends no
+score release). A site joins a run only if its operator's `allowed_queries`
+hold every query of `run_queries`, so a whitelist refuses a run at its join,
+before anything is released or charged (`plans.site_runs`); every later round
+must ask for one of them, and a plan whose step asks for another stops
+(`checked_step`) at the analyst and at every site alike.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, Mapping
+from typing import Any, Callable, Collection, Generator, Mapping
 
 import numpy as np
 
 from ..errors import PolicyError
 from ..policy import Policy
 from ..queries import canonical_params, lookup
+from ..queries.run import JOIN
 
 
 @dataclass(frozen=True)
@@ -82,6 +92,10 @@ class PlanContext:
 Rounds = Generator[Step, Any, Any]
 
 
+#: Which of a plan's queries a run with canonical arguments `args` sends under `policy`.
+Sends = Callable[[Policy, dict[str, Any]], Collection[str]]
+
+
 @dataclass(frozen=True)
 class Plan:
     """A registered analysis."""
@@ -90,10 +104,28 @@ class Plan:
     rounds: Callable[[PlanContext, dict[str, Any]], Rounds]
     declare: Callable[[Policy, dict[str, Any]], dict[str, Any]]
     uses: Callable[[dict[str, Any]], list[tuple[str, str]]]
+    #: Every site query the plan's rounds may send, over all its runs (the join aside): public, for operators.
+    queries: frozenset[str]
     #: The fewest records a site needs to take part (per-site releases need q; a calibration table its cell count).
     min_records: Callable[[Policy], int] = lambda policy: 0
     #: Further checks of a site's data for this analysis at the start of a run: what is wrong, or [].
     data_check: Callable[[Any, dict[str, Any], Policy], list[str]] | None = None
+    #: The part of `queries` a run sends, from the policy and its canonical arguments (None: all of them).
+    sends: Sends | None = None
+
+    def run_queries(self, policy: Policy, args: dict[str, Any]) -> frozenset[str]:
+        """The site queries a run of this plan with canonical `args` may send under `policy` (the join aside).
+
+        Run by the Analyst and by each Site: a site joins only if it allows every one of them, and
+        answers no round of the run that asks for another."""
+        if self.sends is None:
+            return self.queries
+        names = frozenset(self.sends(policy, args))
+        if not names <= self.queries:
+            # A bug of the plan's code, never the analyst's doing: its runs would send what it does not declare.
+            raise ValueError(f"plan {self.name!r} selects queries {sorted(names - self.queries)} for a run, "
+                             "which it does not declare")
+        return names
 
 
 PLANS: dict[str, Plan] = {}
@@ -104,15 +136,25 @@ def plan(
     *,
     declare: Callable[[Policy, dict[str, Any]], dict[str, Any]],
     uses: Callable[[dict[str, Any]], list[tuple[str, str]]],
+    queries: Collection[str],
+    sends: Sends | None = None,
     min_records: Callable[[Policy], int] = lambda policy: 0,
     data_check: Callable[[Any, dict[str, Any], Policy], list[str]] | None = None,
 ) -> Callable[[Callable[..., Rounds]], Callable[..., Rounds]]:
-    """Register the generator function `rounds(ctx, args)` as the plan of analysis `name`."""
+    """Register the generator function `rounds(ctx, args)` as the plan of analysis `name`.
+
+    `queries` declares every site query its rounds may send (registered queries, never the join), and
+    `sends(policy, args)` the ones a run with canonical `args` sends, when that depends on them."""
+    declared_queries = frozenset(queries)
+    for query in declared_queries:
+        lookup(query)  # a plan declares registered queries only
+    if not declared_queries or JOIN in declared_queries:
+        raise ValueError(f"plan {name!r} must declare the site queries of its rounds (its join aside)")
 
     def register(rounds: Callable[..., Rounds]) -> Callable[..., Rounds]:
         if name in PLANS:
             raise ValueError(f"plan {name!r} is registered twice")
-        PLANS[name] = Plan(name, rounds, declare, uses, min_records, data_check)
+        PLANS[name] = Plan(name, rounds, declare, uses, declared_queries, min_records, data_check, sends)
         return rounds
 
     return register
@@ -132,6 +174,18 @@ def declared(plan_: Plan, policy: Policy, args: Mapping[str, Any]) -> dict[str, 
     canon = canonical_params(plan_.declare(policy, dict(args)))
     policy.check_roles(plan_.uses(canon))
     return canon
+
+
+def checked_step(plan_: Plan, queries: frozenset[str], step: Any) -> Step:
+    """`step`, a step the plan's code yielded, if it asks for one of the run's declared `queries`.
+
+    Run by the Analyst and by each Site on every step of their copy of a plan: a plan cannot send what it
+    did not declare at the join (where each site checked its whitelist against the declaration)."""
+    if not isinstance(step, Step) or step.query not in queries:
+        name = step.query if isinstance(step, Step) else type(step).__name__
+        raise PolicyError(f"plan {plan_.name!r} asks for query {name!r}, which a run with these arguments "
+                          f"does not declare (it declares: {', '.join(sorted(queries))})")
+    return step
 
 
 #: Floats in a request may differ from the site's own plan by this much (another machine's BLAS or libm).

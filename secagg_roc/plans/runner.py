@@ -2,12 +2,14 @@
 
 A run starts with its join round (``run.join``): the analysis, its canonical
 arguments and the digest of the analyst's policy go to every site, which
-checks them against its own policy and its data, and joins by contributing a
-1. The join's release fixes the run's contributor set. Then the plan's steps
-follow one round each, every round over exactly that set; each site checks
+checks them against its own policy, its operator's whitelist of site queries
+(every query the plan declares for the run, `Plan.run_queries`) and its
+data, and joins by contributing a 1. The join's release fixes the run's
+contributor set. Then the plan's steps follow one round each, every round over exactly that set; each site checks
 every round against its own copy of the plan. The analyst only chooses the
 analysis and its arguments: whatever it sends besides the plan's steps, the
-sites refuse.
+sites refuse (and a step of the plan outside its declaration stops the run here
+before it is sent).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from ..queries.run import JOIN
 from ..mpc.joint import JOINT_ANALYSES, check_joint_scheme
-from .base import PlanContext, RunInfo, declared, get_plan
+from .base import PlanContext, RunInfo, checked_step, declared, get_plan
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -41,13 +43,14 @@ def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
     if plan.name in JOINT_ANALYSES and federation is not None:  # refused before the join releases anything
         check_joint_scheme(federation.scheme)
     args = declared(plan, policy, args)
+    queries = plan.run_queries(policy, args)
     run = secrets.token_hex(8)
     joined = study.aggregate(JOIN, join_params(run, analysis, args, policy.digest()))
     info = RunInfo(run, analysis, args, tuple(joined.contributors), int(joined.records))
     rounds = plan.rounds(PlanContext(policy, info, len(study.sites), "analyst"), args)
     step_number = 0
     try:
-        step = next(rounds)
+        step = checked_step(plan, queries, next(rounds))
         while True:
             step_number += 1
             # Every later round names the run's contributor set: each site checks it against the join release
@@ -60,7 +63,7 @@ def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
                 release = study.release_mpc(step.query, params, frac_bits=step.frac_bits)
             else:
                 release = study.aggregate(step.query, params, frac_bits=step.frac_bits)
-            step = rounds.send(release)
+            step = checked_step(plan, queries, rounds.send(release))
     except StopIteration as finished:
         result = finished.value
     finally:

@@ -1,14 +1,19 @@
 """Run by each Site: its own copy of every run it joined, to check each round against the plan.
 
 A site joins a run only if the run's analysis and arguments are allowed by
-its policy and already canonical, the analyst's policy digest is its own, and
-its data pass the analysis's checks (and hold enough records: q for an
-analysis that releases per-site values, the minimum cell count for a table),
+its policy and already canonical, the analyst's policy digest is its own,
+its operator's `allowed_queries` hold every site query the plan declares for
+the run (`Plan.run_queries`: refused here, before anything is released or
+charged, and before the data are looked at, so the refusal depends on the
+policy and the plan alone), and its data pass the analysis's checks (and
+hold enough records: q for an analysis that releases per-site values, the
+minimum cell count for a table),
 and no class of a label is a small group (`queries.groups`; an analysis
 adds its own checks, such as the GLM's on covariates). When the join's release arrives (from the
 aggregators), the site checks the contributor set against the policy and
 starts its copy of the plan; each later release moves that copy one step on.
-A round is answered only if it is the next step: same query, same
+A round is answered only if it asks for a query the run declared, which the
+whitelist allows (`check_query`), and is the next step: same query, same
 public parameters (floats within `base.REL_TOL`), same precision, same run,
 next step number; the site then computes with its own parameters.
 """
@@ -26,8 +31,10 @@ from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
 from ..queries.groups import label_problems
-from .base import Plan, PlanContext, Rounds, RunInfo, Step, declared, get_plan, same_value
+from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
 
+#: The filter `warnings.simplefilter("ignore")` puts first.
+_IGNORE_ALL = ("ignore", None, Warning, None, 0)
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
 MAX_OPEN_RUNS = 64
 #: Finished run ids a site remembers (so a long study's state stays bounded).
@@ -43,6 +50,7 @@ class _Run:
     step: Step | None = None  # the next step, once joined
     number: int = 0  # its step number
     ended: str | None = None  # why the run can take no more rounds
+    queries: frozenset[str] = frozenset()  # the site queries the plan declared for the run at its join
 
 
 class SiteRuns:
@@ -91,6 +99,7 @@ class SiteRuns:
                 f"site {self.site!r}: the arguments of run {run!r} are not in the canonical form the "
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
+        self._check_queries(run, plan, canon, data)
         problems = role_problems(data, plan.uses(canon))
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
@@ -107,9 +116,32 @@ class SiteRuns:
             )
         return plan, canon
 
+    def _check_queries(self, run: str, plan: Plan, args: dict[str, Any], data: SiteData) -> None:
+        """Refuse a run whose plan declares a site query the operator's `allowed_queries` lack.
+
+        Checked at the join, before any of the run's releases (a DP release would be charged to the budget
+        before a later round was refused) and before the data are: what the analyst learns from the
+        refusal follows from the site's policy and the run's declaration alone."""
+        try:
+            queries = plan.run_queries(self.policy, args)  # (a plan's bug is refused here too, with or without a list)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise PolicyError(f"site {self.site!r}: the {plan.name!r} plan declares no queries for run "
+                              f"{run!r}: {exc}") from None
+        if data.allowed_queries is None:
+            return
+        refused = sorted(queries - data.allowed_queries)
+        if refused:
+            names = ", ".join(repr(q) for q in refused)
+            what = f"query {names} is" if len(refused) == 1 else f"queries {names} are"
+            raise PolicyError(
+                f"site {self.site!r} does not take part in run {run!r} ({plan.name}): {what} not allowed by "
+                f"this site's allowed_queries (its operator's whitelist of site queries), and the "
+                f"{plan.name!r} plan declares {'it' if len(refused) == 1 else 'them'} for this run"
+            )
+
     def join(self, run: str, plan: Plan, args: dict[str, Any]) -> None:
         """Record that this site answered the join of `run` (its release is still to come)."""
-        self.runs[run] = _Run(plan, args)
+        self.runs[run] = _Run(plan, args, queries=plan.run_queries(self.policy, args))
         while len(self.runs) > MAX_OPEN_RUNS:
             old, state = self.runs.popitem(last=False)
             self.finished[old] = None
@@ -139,6 +171,20 @@ class SiteRuns:
         self._advance(state, lambda: next(state.rounds))
 
     # -- rounds -----------------------------------------------------------------------
+
+    def check_query(self, run: str, query: str, data: SiteData) -> None:
+        """Refuse a round of `run` (joined, checked by `expect`) that asks for a query its plan did not declare
+        at the join (the whitelist was checked against that declaration), or one the whitelist lacks: checked
+        again on every round, as `queries.run_site_query` does once more before it computes."""
+        state = self.runs[run]
+        if query not in state.queries:
+            raise PolicyError(
+                f"site {self.site!r}: a round of run {run!r} ({state.plan.name}) asks for query {query!r}, which "
+                f"the plan does not declare for the run (it declares: {', '.join(sorted(state.queries))})"
+            )
+        if data.allowed_queries is not None and query not in data.allowed_queries:
+            raise PolicyError(f"site {self.site!r}: query {query!r} is not allowed by this site's allowed_queries "
+                              "(its operator's whitelist of site queries)")
 
     def expect(self, run: Any, number: Any) -> tuple[RunInfo, Step]:
         """The step `number` of `run` this site will answer (PolicyError if it is not the next one)."""
@@ -185,12 +231,22 @@ class SiteRuns:
 
     def _advance(self, state: _Run, step) -> None:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the analyst sees the plan's warnings, not the sites
-                state.step = step()
-            state.number += 1
+            if warnings.filters and warnings.filters[0] == _IGNORE_ALL:
+                next_step = step()  # every warning is ignored already (a simulation's loop): no filter to set
+            else:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # the analyst sees the plan's warnings, not the sites
+                    next_step = step()
         except StopIteration:
             state.step, state.ended = None, "its plan is complete"
+            return
         except (SecAggError, ValueError, ArithmeticError) as exc:
             # The plan stopped on the released totals (e.g. a singular Fisher information): so did the analyst's.
             state.step, state.ended = None, f"its plan stopped: {type(exc).__name__}"
+            return
+        try:
+            state.step = checked_step(state.plan, state.queries, next_step)
+            state.number += 1
+        except PolicyError as exc:
+            # The site's own copy of the plan left its declaration (a bug of the plan): it answers no more.
+            state.step, state.ended = None, str(exc)

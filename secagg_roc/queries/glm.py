@@ -72,21 +72,25 @@ def build_design(site: SiteData, params: dict[str, Any]) -> Design:
     return _built(site, spec, builder)[1]
 
 
-def _built(site: SiteData, spec: dict[str, Any], builder: Callable) -> tuple[dict, Design, dict]:
-    """The cache entry of a design: (the site's arrays, the design, its standardized matrices by centre/scale)."""
-    key = (id(site.arrays), json.dumps(spec, sort_keys=True), _context_digest(site.public))
+def _built(site: SiteData, spec: dict[str, Any], builder: Callable) -> tuple[dict, Design, dict, dict]:
+    """The cache entry of a design: (the site's arrays, the design, its standardized matrices by centre/scale,
+    values that depend on the design alone: its null-deviance parts)."""
+    key = (id(site.arrays), _SORTED_JSON(spec), _context_digest(site.public))
     hit = _DESIGNS_BUILT.get(key)
     if hit is not None and hit[0] is site.arrays:  # the very same arrays object (held below, so its id is not reused)
         _DESIGNS_BUILT.move_to_end(key)
         return hit
-    entry = _DESIGNS_BUILT[key] = (site.arrays, builder(site, spec), {})
+    entry = _DESIGNS_BUILT[key] = (site.arrays, builder(site, spec), {}, {})
     while len(_DESIGNS_BUILT) > _DESIGNS_KEPT:
         _DESIGNS_BUILT.popitem(last=False)
     return entry
 
 
-#: Designs built lately: (arrays id, design parameters, derived values) -> (arrays, design, standardized).
-_DESIGNS_BUILT: "OrderedDict[tuple, tuple[dict, Design, dict]]" = OrderedDict()
+#: `json.dumps(value, sort_keys=True)`, its encoder made once.
+_SORTED_JSON = json.JSONEncoder(sort_keys=True).encode
+
+#: Designs built lately: (arrays id, design parameters, derived values) -> (arrays, design, standardized, constants).
+_DESIGNS_BUILT: "OrderedDict[tuple, tuple[dict, Design, dict, dict]]" = OrderedDict()
 _DESIGNS_KEPT = 32
 
 
@@ -156,7 +160,8 @@ def glm_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
 
 
 def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:
-    """(y, standardized design, weights, beta, family, records) of a Fisher or Newton round."""
+    """(y, standardized design, weights, beta, family, records, the design's constants) of a Fisher or Newton
+    round."""
     family = params.get("family", "logit")
     try:
         family = check_family(family)
@@ -175,14 +180,14 @@ def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:
     beta = np.asarray(params.get("beta", []), dtype=float)
     if beta.shape != (Z.shape[1],) or not np.isfinite(beta).all():
         raise site.fail(f"beta must be {Z.shape[1]} finite numbers (intercept first), got {beta.shape[0]}")
-    return y, Z, w, beta, family, records
+    return y, Z, w, beta, family, records, entry[3]
 
 
 @site_query("glm.fisher", outputs={"score": "float", "info": "float", "deviance": "float"})
 def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Score vector, Fisher information and deviance at the public ``params["beta"]``."""
-    y, Z, w, beta, family, records = _at_beta(site, params)
-    score, info, dev = fisher_parts(y, Z, w, beta, family)
+    y, Z, w, beta, family, records, constants = _at_beta(site, params)
+    score, info, dev = fisher_parts(y, Z, w, beta, family, fixed=constants.setdefault("fisher", {}))
     return QueryResult({"score": score, "info": info, "deviance": np.array([dev])}, records=records)
 
 
@@ -191,7 +196,11 @@ def glm_fisher(site: SiteData, params: dict[str, Any]) -> QueryResult:
 def glm_newton(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """What `glm.fisher` gives, plus the observed information (Newton's step) and the null deviance's
     parts (sum w y, sum w, the saturated term: a Newton fit need not begin at beta = 0)."""
-    y, Z, w, beta, family, records = _at_beta(site, params)
-    score, info, dev, observed = fisher_parts(y, Z, w, beta, family, observed=True)
+    y, Z, w, beta, family, records, constants = _at_beta(site, params)
+    score, info, dev, observed = fisher_parts(y, Z, w, beta, family, observed=True,
+                                              fixed=constants.setdefault("fisher", {}))
+    null = constants.get("null")
+    if null is None:  # the same at every beta: computed once per design (the same arithmetic, so the same bits)
+        null = constants["null"] = null_parts(y, w)
     return QueryResult({"score": score, "info": info, "observed": observed, "deviance": np.array([dev]),
-                        "null": null_parts(y, w)}, records=records)
+                        "null": null.copy()}, records=records)

@@ -242,18 +242,22 @@ def query_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_b
 
 
 def _digest(study: str, name: str, canon: dict[str, Any], frac_bits: int) -> bytes:
-    """`query_digest` of parameters already in canonical form."""
-    blob = json.dumps(
-        {"study": study, "query": name, "params": canon, "frac_bits": int(frac_bits)},
-        sort_keys=True,
-        separators=(",", ":"),
-    ).encode()
-    return hashlib.sha256(blob).digest()
+    """`query_digest` of parameters already in canonical form: SHA-256 of
+    ``json.dumps({"study": .., "query": .., "params": canon, "frac_bits": ..}, sort_keys=True, separators=(",", ":"))``,
+    whose text `json_digest` writes around the parameters' own."""
+    return json_digest(study, name, params_json(canon), frac_bits)
+
+
+#: `json.dumps(value, sort_keys=True, separators=(",", ":"))` with its encoder made once, not per call (every
+#: party encodes and digests every round's parameters).
+_CANONICAL_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+#: The same, refusing NaN and infinities (`allow_nan=False`).
+_STRICT_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
 
 
 def params_json(canon: dict[str, Any]) -> str:
     """The canonical JSON text of canonical parameters (what a `Query` message carries)."""
-    return json.dumps(canon, sort_keys=True, separators=(",", ":"))
+    return _CANONICAL_JSON(canon)
 
 
 def json_digest(study: str, name: str, text: str, frac_bits: int) -> bytes:
@@ -286,7 +290,7 @@ def message_digest(study: str, name: str, params_json: str, frac_bits: int) -> b
     try:
         # Parsed JSON holds only plain values: its canonical form is itself unless a float is not finite,
         # which the encoder refuses. Canonical text (what every honest party sends) is digested as it is.
-        if json.dumps(params, sort_keys=True, separators=(",", ":"), allow_nan=False) == params_json:
+        if _STRICT_JSON(params) == params_json:
             return json_digest(study, name, params_json, frac_bits)
     except (ValueError, RecursionError):
         pass  # refused below, with the reason
@@ -306,12 +310,16 @@ def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, fra
     return _digest(study, name, plain, frac_bits).hex()
 
 
-def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None) -> tuple[SiteQuery, QueryResult]:
-    """Run by the Site: check the whitelist, run the query, cast its outputs to their declared kinds."""
+def run_site_query(site: SiteData, name: str, params: Mapping[str, Any] | None, *,
+                   canonical: bool = False) -> tuple[SiteQuery, QueryResult]:
+    """Run by the Site: check the whitelist, run the query, cast its outputs to their declared kinds.
+
+    `canonical` says `params` are canonical already (a plan `Step`'s own): the query reads them as they are
+    (queries only read their parameters)."""
     query = lookup(name)
     if site.allowed_queries is not None and name not in site.allowed_queries:
         raise SiteQueryError(f"site {site.name!r}: query {name!r} is not allowed by this site's policy")
-    result = query.func(site, canonical_params(params))
+    result = query.func(site, params if canonical and type(params) is dict else canonical_params(params))
     if not isinstance(result, QueryResult) or set(result.values) != set(query.outputs):
         raise SiteQueryError(f"site {site.name!r}: query {name!r} did not return its declared outputs")
     if int(result.records) < 0:

@@ -88,6 +88,7 @@ from .bootstrap_result import BootstrapResult
 from .calibration import probability_range
 from .roc_release import (
     PRIVACY_KEYS,
+    RELEASE_QUERIES,
     array_name,
     base_params,
     check_score_range,
@@ -162,7 +163,17 @@ def _vectors(totals: Any, n_boot: int) -> tuple[np.ndarray, np.ndarray]:
     return num.astype(np.float64), den
 
 
-@plan("bootstrap", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
+def _sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    # The Brier score's replicates are one secure round; the others start with the score release, and only
+    # the non-private mode has the sites sum replicates (under DP they come from the release alone).
+    statistic = args["statistic"]
+    if statistic == "brier":
+        return {QUERIES["brier"]}
+    return set(RELEASE_QUERIES) | ({QUERIES[statistic]} if args["mode"] != "dp" else set())
+
+
+@plan("bootstrap", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
+      queries=RELEASE_QUERIES | set(QUERIES.values()), sends=_sends)
 def bootstrap_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, BootstrapResult | None]:
     """The ``bootstrap`` plan: (the score release, then) one round of replicate totals."""
     policy, statistic, n_boot = ctx.policy, args["statistic"], args["n_boot"]

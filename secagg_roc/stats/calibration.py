@@ -35,6 +35,7 @@ from ..queries.groups import small_groups
 from .binning import bin_edges, quantile_edges
 from .glm import precision
 from .results import TRUSTED_HOST, TRUSTED_HOST_NOTE, CalibrationCurve
+from .roc_release import SCORES
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -123,7 +124,7 @@ def _brier_small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list
     return problems
 
 
-@plan("brier", declare=_brier_declare, uses=_brier_uses, data_check=_brier_small_groups)
+@plan("brier", declare=_brier_declare, uses=_brier_uses, data_check=_brier_small_groups, queries={"calibration.brier"})
 def brier_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, BrierScore]:
     """The ``brier`` plan: one secure round of (weighted) squared-error and log-loss sums."""
     # Log-losses reach -log(eps) ~ 36 per record, times a weight of at most MAX_WEIGHT: the precision
@@ -230,7 +231,13 @@ def _calibration_min_records(policy: Policy) -> int:
     return policy.min_cell_count
 
 
-@plan("calibration", declare=_calibration_declare, uses=label_score_uses, min_records=_calibration_min_records)
+def _calibration_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    # Quantile bins start with the scores' release their edges come from.
+    return {"calibration.bins"} | ({SCORES} if args.get("strategy") == "quantile" else set())
+
+
+@plan("calibration", declare=_calibration_declare, uses=label_score_uses, min_records=_calibration_min_records,
+      queries={"calibration.bins", SCORES}, sends=_calibration_sends)
 def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, CalibrationCurve]:
     """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site;
     with quantile bins, first the scores' release the edges come from."""
@@ -240,7 +247,7 @@ def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step
     if args.get("strategy") == "quantile":
         params.pop("strategy")
         params.pop("mode")
-        released = yield Step("rocglm.scores", _quantile_release(policy, args["label"], args["score"]))
+        released = yield Step(SCORES, _quantile_release(policy, args["label"], args["score"]))
         pooled = np.concatenate([pooled_samples(released, "negative"), pooled_samples(released, "positive")])
         edges = quantile_edges(pooled, args["n_bins"], *probability_range(policy))
         params["edges"] = [float(e) for e in edges]

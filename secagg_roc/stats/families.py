@@ -36,8 +36,13 @@ def mean(eta: np.ndarray, family: str) -> np.ndarray:
     return np.exp(log_mean(np.asarray(eta, dtype=float), check_family(family))[0])
 
 
+#: 0.5 log(2 pi), as ``0.5 * np.log(2.0 * np.pi)`` gives it (the same bits, made once).
+_HALF_LOG_2PI = 0.5 * np.log(2.0 * np.pi)
+
+
 def fisher_parts(
-    y: np.ndarray, X: np.ndarray, w: np.ndarray, beta: np.ndarray, family: str, *, observed: bool = False
+    y: np.ndarray, X: np.ndarray, w: np.ndarray, beta: np.ndarray, family: str, *, observed: bool = False,
+    fixed: dict | None = None,
 ) -> tuple:
     """Score vector, Fisher information and deviance of a binomial GLM at `beta`.
 
@@ -46,28 +51,36 @@ def fisher_parts(
     with `observed`, also the observed information (minus the log-likelihood's
     Hessian) as a fourth item: Newton's step, which for the probit link
     converges in about half the rounds of Fisher scoring (for the canonical
-    logit link the two informations are equal).
+    logit link the two informations are equal). `fixed` (a dict kept with one
+    `y`, empty at first) keeps the terms of `y` alone for the next call.
     """
     eta = X @ beta
     log_mu, log_1mu = log_mean(eta, family)
     hess_w = None
+    if fixed is not None and "y0" in fixed:
+        y0, sat_1, sat_0 = fixed["y0"], fixed["sat_1"], fixed["sat_0"]
+    else:  # (each use below reads the same values: computed once)
+        y0 = 1.0 - y
+        sat_1, sat_0 = xlogy(y, y), xlogy(y0, y0)
+        if fixed is not None:
+            fixed.update(y0=y0, sat_1=sat_1, sat_0=sat_0)
     if family == "logit":
         mu = np.exp(log_mu)
         resid = y - mu  # mu' / V = 1 for the canonical link
         info_w = np.exp(log_mu + log_1mu)
     else:
-        log_phi = -0.5 * eta * eta - 0.5 * np.log(2.0 * np.pi)
+        log_phi = -0.5 * eta * eta - _HALF_LOG_2PI
         # (y - mu) mu' / (mu (1 - mu)) = y phi / mu - (1 - y) phi / (1 - mu), stable in the tails.
         ratio_1, ratio_0 = np.exp(log_phi - log_mu), np.exp(log_phi - log_1mu)
-        resid = y * ratio_1 - (1.0 - y) * ratio_0
+        resid = y * ratio_1 - y0 * ratio_0
         info_w = np.exp(2.0 * log_phi - log_mu - log_1mu)
         if observed:
             # -d2/deta2 of y log Phi + (1 - y) log(1 - Phi); both terms are positive (log Phi is concave).
-            hess_w = y * ratio_1 * (eta + ratio_1) + (1.0 - y) * ratio_0 * (ratio_0 - eta)
+            hess_w = y * ratio_1 * (eta + ratio_1) + y0 * ratio_0 * (ratio_0 - eta)
     score = X.T @ (w * resid)
     info = (X * (w * info_w)[:, None]).T @ X
     # Binomial deviance against the saturated model; xlogy makes 0 * log 0 = 0.
-    dev = 2.0 * np.sum(w * (xlogy(y, y) - y * log_mu + xlogy(1.0 - y, 1.0 - y) - (1.0 - y) * log_1mu))
+    dev = 2.0 * np.sum(w * (sat_1 - y * log_mu + sat_0 - y0 * log_1mu))
     if not observed:
         return score, info, float(dev)
     obs = info if hess_w is None else (X * (w * hess_w)[:, None]).T @ X

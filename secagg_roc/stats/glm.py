@@ -55,6 +55,11 @@ MEAN_FRAC_BITS = 16
 SSD_FRAC_BITS = 8
 
 
+def fit_query(newton: bool) -> str:
+    """The site query of a fit's rounds: the observed information too (``glm.newton``) or not (``glm.fisher``)."""
+    return "glm.newton" if newton else "glm.fisher"
+
+
 def _coef_names(X: Sequence[str], n_cols: int, names: Sequence[str] | None) -> list[str]:
     if names is not None:
         names = [str(n) for n in names]
@@ -96,7 +101,7 @@ def fit_design_rounds(
     response: str | None = None,
     newton: bool = False,
     start: np.ndarray | None = None,
-) -> Generator[Step, Any, GlmResult]:
+) -> Generator[Step, Any, GlmResult | None]:
     """Plan steps: fit a GLM on a site-side design (see `queries.glm`) by distributed Fisher scoring.
 
     The sites standardize covariates with the public `center` and `scale`; the
@@ -108,7 +113,8 @@ def fit_design_rounds(
     response with one class only stops the fit after the first round.
     `newton` asks the sites for the observed information too (``glm.newton``)
     and takes Newton's steps, from `start` if given (every party must derive
-    it from what they all hold); see `fisher_steps`.
+    it from what they all hold); see `fisher_steps`. The result is the analyst's: a site's copy (its
+    `ctx.party`) returns None once the last round is released.
     """
     family = check_family(family)
     center = np.asarray(center, dtype=float).reshape(-1)
@@ -122,7 +128,7 @@ def fit_design_rounds(
     steps = fisher_steps(p + 1, max_iter=max_iter, tol=tol, start=start)
     records = ctx.run.records
     first = None
-    query = "glm.newton" if newton else "glm.fisher"
+    query = fit_query(newton)
     try:
         beta = next(steps)
         while True:
@@ -148,6 +154,8 @@ def fit_design_rounds(
             beta = steps.send(totals)
     except StopIteration as done:
         b, info, dev, iters, ok, aliased = done.value
+    if ctx.party != "analyst":
+        return None  # a site's copy of the fit ends with its last round: the result is the analyst's
     return finish(b, info, dev, iters, ok, aliased, center=center, scale=scale, names=names, family=family,
                   n_records=records, null_dev=first[0], mode="distributed", contributors=ctx.run.contributors)
 
@@ -188,8 +196,14 @@ def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     return small_groups(data, _glm_uses(args), policy.min_cell_count)
 
 
-@plan("glm", declare=_glm_declare, uses=_glm_uses, data_check=_small_groups)
-def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, GlmResult]:
+def _glm_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    # Centring, scaling (covariates only) and the Fisher-scoring rounds.
+    return {"glm.means", fit_query(False)} | ({"glm.ssd"} if args["X"] else set())
+
+
+@plan("glm", declare=_glm_declare, uses=_glm_uses, data_check=_small_groups,
+      queries={"glm.means", "glm.ssd", fit_query(False)}, sends=_glm_sends)
+def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, GlmResult | None]:
     """The ``glm`` plan: centring and scaling rounds, then Fisher scoring."""
     cov_names = args["X"]
     design = {"kind": "arrays", "y": args["y"], "X": cov_names, "weights": args["weights"]}

@@ -35,7 +35,7 @@ from ..policy import MAX_HISTOGRAM_BINS, Policy
 from .binning import quantile_edges
 from .calibration import _quantile_release
 from .histogram import ScoreHistogram, equal_width_edges
-from .roc_release import array_name, check_score_range
+from .roc_release import SCORES, array_name, check_score_range
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -135,7 +135,13 @@ def _min_records(policy: Policy) -> int:
     return max(policy.min_cell_count, policy.privacy_level) if policy.dp is not None else policy.min_cell_count
 
 
-@plan("score_histogram", declare=_declare, uses=label_score_uses, min_records=_min_records)
+def _sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    # The declared privacy model's round, after the scores' release where the edges are equi-depth.
+    return {PRIVACY[args["privacy"]]} | ({SCORES} if args.get("strategy") == "quantile" else set())
+
+
+@plan("score_histogram", declare=_declare, uses=label_score_uses, min_records=_min_records,
+      queries={*PRIVACY.values(), SCORES}, sends=_sends)
 def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, ScoreHistogram]:
     """The ``score_histogram`` plan: one secure round of per-class bucket counts under the declared model."""
     policy = ctx.policy
@@ -154,7 +160,7 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
     if args.get("strategy") == "quantile":
         # Equi-depth: edges from the quantiles of the scores' DP release at the policy's own parameters (the
         # ROC-GLM's, replayed from each site's ledger on repeat), so every run of the study buckets alike.
-        released = yield Step("rocglm.scores", _quantile_release(policy, args["label"], args["score"]))
+        released = yield Step(SCORES, _quantile_release(policy, args["label"], args["score"]))
         pooled = np.concatenate([pooled_samples(released, "negative"), pooled_samples(released, "positive")])
         edges = quantile_edges(pooled, args["bins"], lo, hi)
         params["edges"] = [float(e) for e in edges]

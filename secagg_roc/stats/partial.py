@@ -44,6 +44,7 @@ from .roc_arith import partial_areas
 from .roc_compare import assemble_partial, check_range
 from .roc_compare_results import PartialAuc
 from .roc_release import (
+    RELEASE_QUERIES,
     array_name,
     check_score_range,
     declare_privacy,
@@ -100,7 +101,13 @@ def area_bits(records: int, n_sites: int) -> int:
     return int(max(0, min(52, 62 - headroom)))
 
 
-@plan("pauc", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
+#: The secure round of partial areas (the non-private mode's; under DP the area comes from the release).
+PARTIAL_AREA = "roc.partial_area"
+
+
+@plan("pauc", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
+      queries=RELEASE_QUERIES | {PARTIAL_AREA},
+      sends=lambda policy, args: RELEASE_QUERIES | ({PARTIAL_AREA} if args["mode"] != "dp" else set()))
 def pauc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, PartialAuc]:
     """The ``pauc`` plan: counts, the score release; in the non-private mode one secure round of partial
     areas, under DP the area of the released samples (post-processing, like `coords`)."""
@@ -117,7 +124,7 @@ def pauc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, 
     else:
         params = {"label": args["label"], "score": score, "score_range": list(ctx.policy.score_range),
                   "focus": args["focus"], "bounds": args["bounds"], "reference": released.digest([score])}
-        sums = yield Step("roc.partial_area", params, frac_bits=area_bits(ctx.run.records, ctx.n_sites),
+        sums = yield Step(PARTIAL_AREA, params, frac_bits=area_bits(ctx.run.records, ctx.n_sites),
                           context=released.context([score]))
         area = float(np.asarray(sums["area"]).reshape(-1)[0])
     return assemble_partial(

@@ -30,6 +30,7 @@ from ..policy import Policy
 from .roc_compare import assemble_coords, check_weights
 from .roc_compare_results import RocCoords
 from .roc_release import (
+    RELEASE_QUERIES,
     array_name,
     check_score_range,
     declare_privacy,
@@ -51,7 +52,8 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"label": label, "score": score, "best_weights": weights, **declare_privacy(policy, args)}
 
 
-@plan("coords", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
+@plan("coords", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
+      queries=RELEASE_QUERIES)
 def coords_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocCoords]:
     """The ``coords`` plan: counts and the score release; the coordinates are computed from the release."""
     score = args["score"]

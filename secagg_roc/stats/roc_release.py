@@ -31,6 +31,9 @@ from .results import NON_PRIVATE_NOTE, NonPrivateWarning
 
 #: The DP parameters a release carries (`policy.DPRequest.params`).
 PRIVACY_KEYS = ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")
+#: The site queries of `release_rounds`: the secure class counts, then the per-site score release.
+COUNTS, SCORES = "rocglm.counts", "rocglm.scores"
+RELEASE_QUERIES = frozenset({COUNTS, SCORES})
 
 
 def array_name(args: Mapping[str, Any], key: str) -> str:
@@ -129,7 +132,7 @@ def release_rounds(ctx: PlanContext, args: Mapping[str, Any], scores: Sequence[s
     fewest controls and cases over all sites the analysis needs.
     """
     policy = ctx.policy
-    counts = yield Step("rocglm.counts", base_params(policy, args, scores[0]))
+    counts = yield Step(COUNTS, base_params(policy, args, scores[0]))
     n0 = int(np.asarray(counts["n_negative"]).reshape(-1)[0])
     n1 = int(np.asarray(counts["n_positive"]).reshape(-1)[0])
     if min(n0, n1) < least:
@@ -143,7 +146,7 @@ def release_rounds(ctx: PlanContext, args: Mapping[str, Any], scores: Sequence[s
     for score in scores:
         base = base_params(policy, args, score)
         extra = {k: args[k] for k in PRIVACY_KEYS} if private else {"non_private": True}
-        released = yield Step("rocglm.scores", {**base, **extra})
+        released = yield Step(SCORES, {**base, **extra})
         check_class_sites(released, policy)
         neg, pos = pooled_samples(released, "negative"), pooled_samples(released, "positive")
         if neg.size != n0 or pos.size != n1:

@@ -41,6 +41,7 @@ from .roc_compare import (
 )
 from .roc_compare_results import RocTest
 from .roc_release import (
+    RELEASE_QUERIES,
     array_name,
     check_score_range,
     declare_privacy,
@@ -77,7 +78,12 @@ def _fits_exact_sums(ctx: PlanContext) -> None:
         raise ValueError(f"{ctx.run.records} records are too many for exact DeLong sums over {ctx.n_sites} sites")
 
 
-@plan("roctest", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level)
+#: The exact DeLong sums' query, the last round of a test.
+DELONG_SUMS = "roc.delong_sums"
+
+
+@plan("roctest", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level,
+      queries=RELEASE_QUERIES | {DELONG_SUMS})
 def roctest_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocTest]:
     """The ``roctest`` plan: counts, one score release per score, one round of exact DeLong sums."""
     scores = [args["score1"], args["score2"]]
@@ -87,7 +93,7 @@ def roctest_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, An
     pairs = delong_pairs(2, paired)
     params = {"label": args["label"], "scores": scores, "score_range": list(ctx.policy.score_range),
               "pairs": [list(p) for p in pairs], "reference": released.digest(scores)}
-    sums = yield Step("roc.delong_sums", params, context=released.context(scores))
+    sums = yield Step(DELONG_SUMS, params, context=released.context(scores))
     n0, n1 = released.n_negative, released.n_positive
     cases = moments_from_sums(sums["case_sum"], sums["case_high"], sums["case_low"], pairs,
                               count=n1, denominator=2 * n0)

@@ -50,10 +50,10 @@ from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, r
 from ..policy import Policy
 from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
-from .glm import INTERCEPT, fit_design_rounds
+from .glm import INTERCEPT, fit_design_rounds, fit_query
 from .rocglm_rows import released_start
 from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, NonPrivateWarning  # noqa: F401  (importable from here)
-from .roc_release import check_class_sites, check_score_range, declare_privacy
+from .roc_release import COUNTS, SCORES, check_class_sites, check_score_range, declare_privacy
 from .rocglm_result import DegenerateAucWarning, RocGlmResult
 from .survival import check_thresholds, default_thresholds, empirical_roc, exact_moments
 
@@ -184,13 +184,18 @@ def _digest(*arrays: np.ndarray) -> str:
     return h.hexdigest()
 
 
-@plan("rocglm", declare=_rocglm_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level)
+#: The placement-value sums' query, the last round of a ROC-GLM run.
+PLACEMENT_SUMS = "rocglm.placement_sums"
+
+
+@plan("rocglm", declare=_rocglm_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
+      queries={COUNTS, SCORES, fit_query(True), PLACEMENT_SUMS})
 def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocGlmResult]:
     """The ``rocglm`` plan: counts, the per-site DP release, Newton rounds, DeLong moments."""
     policy = ctx.policy
     t = default_thresholds(args["thresholds"])
     base = {"label": args["label"], "score": args["score"], "score_range": list(policy.score_range)}
-    counts = yield Step("rocglm.counts", base)
+    counts = yield Step(COUNTS, base)
     n0 = int(np.asarray(counts["n_negative"]).reshape(-1)[0])
     n1 = int(np.asarray(counts["n_positive"]).reshape(-1)[0])
     if n0 < 2 or n1 < 2:
@@ -202,7 +207,7 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
         if ctx.party == "analyst":
             warnings.warn(NON_PRIVATE_NOTE + " (epsilon=None)", NonPrivateWarning, stacklevel=4)
         release = {**base, "non_private": True}
-    released = yield Step("rocglm.scores", release)
+    released = yield Step(SCORES, release)
     check_class_sites(released, policy)  # the placement sums below are per class
     negatives, positives = pooled_samples(released, "negative"), pooled_samples(released, "positive")
     if negatives.size != n0 or positives.size != n1:
@@ -223,7 +228,7 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
         total_weight=float(n1 * t.size), newton=True, start=start,
     )
-    sums = yield Step("rocglm.placement_sums", reference, context=context)
+    sums = yield Step(PLACEMENT_SUMS, reference, context=context)
     if ctx.party != "analyst":
         return None  # a site's copy of the plan ends with its last step: the result is the analyst's
     n_ref = {"negative": n1, "positive": n0}  # a negative's placement is over the positives, and vice versa

@@ -70,7 +70,11 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"label": array_name(args, "label"), "score": array_name(args, "score"), "bins": bins}
 
 
-@plan("secure_auc", declare=_declare, uses=label_score_uses)
+#: The kept round of per-class bucket counts whose only release is the AUC.
+SHARES = "histogram.shares"
+
+
+@plan("secure_auc", declare=_declare, uses=label_score_uses, queries={SHARES})
 def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, SecureAuc]:
     """The ``secure_auc`` plan: one kept round of exact per-class bucket counts; its release is the AUC."""
     if ctx.run.records >= MAX_RECORDS:
@@ -86,7 +90,7 @@ def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step,
         # Bucket the records as the Federated histogram does (a score on a calibration edge in its calibration
         # bin's group): the AUC of other buckets than the histogram's would tell which records lie on an edge.
         params["groups"] = groups
-    value = yield Step("histogram.shares", params)
+    value = yield Step(SHARES, params)
     return SecureAuc(float(value), ctx.run.records, ctx.run.contributors, args["bins"])
 
 

@@ -53,7 +53,13 @@ def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
     return [("score", args["score"])] + [("covariate", c) for c in args["covariates"]]
 
 
-@plan(SENSITIVITY, declare=_declare, uses=_uses)
+def _sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    # The record count only where it sets the number of breaks.
+    return {"dp.l1_min_distance", "dp.l2_gap"} | ({"dp.record_count"} if args["n_breaks"] is None else set())
+
+
+@plan(SENSITIVITY, declare=_declare, uses=_uses, queries={"dp.record_count", "dp.l1_min_distance", "dp.l2_gap"},
+      sends=_sends)
 def sensitivity_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, L2Sensitivity]:
     """The ``sensitivity`` plan (see the module docstring)."""
     policy = ctx.policy

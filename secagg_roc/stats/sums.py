@@ -31,7 +31,7 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     return {"array": array}
 
 
-@plan("sum", declare=_declare, uses=lambda args: [("covariate", args["array"])],
+@plan("sum", declare=_declare, queries={"sum"}, uses=lambda args: [("covariate", args["array"])],
       data_check=lambda data, args, policy: small_groups(data, [("covariate", args["array"])], policy.min_cell_count))
 def sum_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, np.ndarray]:
     """The ``sum`` plan: one secure sum."""

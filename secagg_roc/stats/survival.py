@@ -119,14 +119,20 @@ def split_squares(numerators: np.ndarray) -> tuple[int, int]:
 
 
 def default_thresholds(n: int = 30) -> np.ndarray:
-    """The paper's threshold grid: `n` equidistant points of [0, 1] without the ends.
+    """The paper's threshold grid: `n` equidistant points of [0, 1] without the ends (a fresh array).
 
     The paper's simulation code uses ``seq(0, 1, length.out = 30)`` and drops the
     two points whose probit transform is infinite, leaving ``n - 2`` thresholds.
     """
     if n < 3:
         raise ValueError("a threshold grid needs at least 3 points (the two ends are dropped)")
-    return np.linspace(0.0, 1.0, int(n))[1:-1]
+    return _grid(int(n)).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _grid(n: int) -> np.ndarray:
+    """`default_thresholds` made once per size (every party of a run derives it several times)."""
+    return np.linspace(0.0, 1.0, n)[1:-1]
 
 
 def check_thresholds(thresholds) -> np.ndarray:
