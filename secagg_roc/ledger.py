@@ -16,7 +16,8 @@ writes ledger entries and its answer in one SQLite transaction; see
   take part in). A site whose data changed since its earlier releases refuses
   exact releases: before and after could be differenced to reveal the change.
 * **DP releases are computed once.** A DP release is keyed by its query, its
-  privacy parameters and the site's data; a repeat replays the stored values,
+  privacy parameters and the site's data (a summed release the site noises
+  itself, also by its contributor set); a repeat replays the stored values,
   never draws new noise (averaging repeats would otherwise remove the noise).
 * **A budget.** Each new DP release is charged (`dp.accounting.Charge`) and
   refused if the site's total would exceed its policy's budget.

@@ -220,7 +220,8 @@ class Site:
             self.ledger.check_exact(info.contributors, info.records, self.data_digest)
             if spec.charge is None:
                 return
-        if self.ledger.lookup(self._release_key(step)) is not None:
+        if self.ledger.lookup(self._release_key(step, info.contributors if spec.charge is not None else None)) \
+                is not None:
             return  # a repeat: replayed from the ledger, never charged again
         params = step.params
         if step.release != "dp":
@@ -286,15 +287,21 @@ class Site:
         shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
         return shares, entries
 
-    def _release_key(self, step: Step) -> str:
-        """The ledger's key of a DP release: this study, the step's query and parameters, this site's data."""
-        blob = _SORTED_JSON([self.study, step.query, canonical_params(step.params), self.data_digest])
+    def _release_key(self, step: Step, contributors: tuple[str, ...] | None = None) -> str:
+        """The ledger's key of a DP release: this study, the step's query and parameters, this site's data,
+        and for a summed release the site noises itself its `contributors`: replayed over another set, a
+        site's noise share would recur beside fresh ones and could be isolated by differencing, charged once
+        (tests/test_attacks_combined.py); over another set it is drawn and charged afresh."""
+        parts = [self.study, step.query, canonical_params(step.params), self.data_digest]
+        if contributors is not None:
+            parts.append(sorted(contributors))
+        blob = _SORTED_JSON(parts)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _noised_sum(self, info: RunInfo, number: int, step: Step, replay: bool) -> tuple[Mapping, int, list]:
         """A summed release this site noises itself (distributed DP): replayed from the ledger, or
         checked against the policy, charged, drawn once and recorded (as `_per_site` does)."""
-        key = self._release_key(step)
+        key = self._release_key(step, info.contributors)
         stored = self.ledger.lookup(key)
         if stored is not None:
             return stored.values, self.data.records(), []  # a repeat: the same noisy values, never new noise

@@ -191,7 +191,7 @@ def test_kept_round_cannot_be_closed_over_a_subset_nor_released_as_a_sum():
     args = {"label": "y", "score": "p", "bins": 10}
     study.aggregate("run.join", join_params("r1", "secure_auc", args, study.policy.digest()))
     step = {"run": "r1", "step": 1, "contributors": sorted(sites), "label": "y", "score": "p",
-            "score_range": [0.0, 1.0], "bins": 10, "decimals": 4}
+            "score_range": [0.0, 1.0], "bins": 10, "decimals": 4, "groups": 10}  # the plan's own step
     query = fed._query("histogram.shares", step, None)
     fed._open(query)
     fed._collect(query, sorted(sites), lambda n: sites[n].answer(query))

@@ -344,17 +344,17 @@ def test_repeats_release_the_same_replicates_and_more_replicates_extend_them():
 
 
 def test_every_brier_replicate_covers_q_records():
-    assert min_weighted(Policy(privacy_level=5), 2) == 3 and min_weighted(Policy(privacy_level=5), 5) == 1
+    assert min_weighted(Policy(privacy_level=5)) == 3 and min_weighted(Policy(privacy_level=5, min_sites=5)) == 1
     data = _data((5, 6, 102))  # sites at q: many of their Poisson draws would weight fewer than 3 records
     study = _study(data, min_cell_count=1)
     r = _boot(study, "brier", n_boot=400)
     site = study.site_data["h0"]
     from secagg_roc.queries.bootstrap import replicate_key
 
-    params = {"label": "y", "score": "score", "score_range": [0.0, 1.0], "n_boot": 400, "min_weighted": 2}
+    params = {"label": "y", "score": "score", "score_range": [0.0, 1.0], "n_boot": 400, "min_weighted": 3}
     key = replicate_key(site, "calibration.brier_bootstrap", params)
-    w = np.concatenate([c for _, c in poisson_chunks(key, 5, 400, min_nonzero=2)])
-    assert np.count_nonzero(w, axis=1).min() >= 2
+    w = np.concatenate([c for _, c in poisson_chunks(key, 5, 400, min_nonzero=3)])
+    assert np.count_nonzero(w, axis=1).min() >= 3
     assert r.n_defined == 400 and math.isfinite(r.ci[0])
 
 

@@ -29,9 +29,11 @@ Protocol (the plan is `stats.bootstrap`):
 Keys: a site's key comes from the seed sequence of its noise generator
 (OS entropy, or the study's seed in a simulation), extended without drawing
 from it, so DP noise is unchanged. A replicate's weights are a function of
-that key and the round's public parameters except ``n_boot``: the same
-request gives the same replicates (a repeat adds nothing), and a larger
-``n_boot`` extends the smaller one's replicates instead of adding fresh ones.
+that key and the round's public parameters except ``n_boot`` (none of
+which depends on the contributor set, ``min_weighted`` included): the same
+request gives the same replicates (a repeat, or a run over other sites, adds
+nothing), and a larger ``n_boot`` extends the smaller one's replicates
+instead of adding fresh ones.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ def site_key(site: SiteData) -> tuple[int, ...]:
 
 def replicate_key(site: SiteData, query: str, params: dict[str, Any]) -> tuple[int, ...]:
     """The key of this site's weights in round `query`: its secret key and the parameters without n_boot."""
+    # (min_weighted is a policy value, not the run's site count: other set sizes draw no fresh replicates.)
     public = {k: v for k, v in params.items() if k not in ("n_boot", "run", "step", "contributors")}
     blob = json.dumps([query, public], sort_keys=True, separators=(",", ":"))
     return key_words(*(str(k) for k in site_key(site)), blob)

@@ -11,11 +11,14 @@ clipped to it). How they are protected:
   ``min_cell`` (`stats.binning.released_cells`, as the calibration curve does),
   within each of ``groups`` runs of adjacent buckets (the calibration bins the
   buckets nest in, so that a calibration bin minus the histogram's released
-  buckets inside it gives back no small cell).
+  buckets inside it gives back no small cell). With groups, a score on a
+  calibration edge counts in the last bucket of its (right-closed) calibration
+  bin, so the groups nest exactly, and further whole groups are withheld until
+  the site's whole withheld remainder is 0 or at least ``min_cell`` too.
 * ``histogram.distdp`` (DistDP): exact counts plus this site's Pólya share of
   discrete Laplace noise (`dp.discrete`), summed securely: only the noisy
-  total exists anywhere. Charged to the site's budget, drawn once (a repeat is
-  replayed from the ledger).
+  total exists anywhere. Charged to the site's budget, drawn once per
+  contributor set (a repeat over the same set is replayed from the ledger).
 * ``histogram.localdp`` (LocalDP): the sum of the site's records' optimal
   unary encoding reports; each record's report is epsilon-LDP by itself, so
   secure aggregation adds protection but is not needed. Charged and replayed
@@ -34,7 +37,7 @@ import numpy as np
 from ..dp.accounting import Charge
 from ..dp.discrete import oue_report_sum, polya_share
 from ..policy import MAX_HISTOGRAM_BINS
-from ..stats.binning import released_cells
+from ..stats.binning import bin_index, released_cells
 from ..stats.histogram import bucket_index
 from .common import labels_scores, param, score_range
 from .registry import QueryResult, SiteData, site_query
@@ -79,10 +82,53 @@ def exact_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
     min_cell, groups = param(site, params, "min_cell", int), param(site, params, "groups", int)
     if groups < 1 or neg.size % groups:
         raise site.fail(f"groups must divide the {neg.size} buckets, got {groups}")
+    if groups > 1 and min_cell > 1:
+        neg, pos = nested_counts(site, params, neg.size, groups)
     # The withheld records of each group (a calibration bin, when the grids nest) are 0 or >= min_cell.
     keep = np.concatenate([released_cells(n, min_cell, positives=p)
                            for n, p in zip(np.split(neg + pos, groups), np.split(pos, groups))])
+    if groups > 1:
+        keep = whole_remainder(keep, neg, pos, groups, min_cell)
     return QueryResult({"negative": np.where(keep, neg, 0), "positive": np.where(keep, pos, 0)}, records=n)
+
+
+def nested_counts(site: SiteData, params: dict[str, Any], bins: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The site's bucket counts with every record in a bucket of its own calibration bin's group.
+
+    Calibration bins are right-closed (R's ``cut``), buckets left-closed: a score on a calibration edge
+    (0.1, 0.2, ...) lies in the first bucket of the next group. Counted there, the calibration bin minus
+    the released buckets of its group would give that record back, alone, with its label
+    (tests/test_attacks_combined.py). So while small cells are withheld it counts in the last bucket of
+    its calibration bin's group, and the groups nest exactly."""
+    y, s = labels_scores(site, params)
+    width = bins // groups
+    cal = bin_index(s, groups)  # the calibration curve's bins (the plan nests only over [0, 1])
+    idx = np.clip(bucket_index(s, *score_range(site, params), bins), cal * width, (cal + 1) * width - 1)
+    return np.bincount(idx[y == 0], minlength=bins), np.bincount(idx[y == 1], minlength=bins)
+
+
+def whole_remainder(keep: np.ndarray, neg: np.ndarray, pos: np.ndarray, groups: int, min_cell: int) -> np.ndarray:
+    """Withhold further whole groups, smallest first, until the site's whole withheld remainder (records,
+    cases, controls) is 0 or >= min_cell too.
+
+    A group holding 1..min_cell-1 records at the site is withheld whole and cannot be topped up inside
+    itself; without this the run's record total (and the class totals any GLM or ROC-GLM run releases)
+    minus the histogram would give back those few records and their labels (tests/test_attacks_combined.py).
+    A group withheld whole gives back, against the calibration curve, only its own bin: a released cell.
+    """
+    def small(x: int) -> bool:
+        return 0 < x < min_cell
+
+    keep = keep.copy()
+    count = neg + pos
+    sizes = count.reshape(groups, -1).sum(axis=1)
+    partly = keep.reshape(groups, -1).any(axis=1)
+    for g in sorted(np.nonzero(partly)[0], key=lambda g: (sizes[g], g)):
+        n, p = int(count[~keep].sum()), int(pos[~keep].sum())
+        if not any(small(x) for x in (n, p, n - p)):
+            break
+        keep.reshape(groups, -1)[g] = False
+    return keep
 
 
 @site_query("histogram.distdp", outputs=OUTPUTS, charge=dp_charge)
@@ -104,6 +150,13 @@ def localdp_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
 
 @site_query("histogram.shares", outputs=OUTPUTS, release="mpc")
 def kept_counts(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """The secure AUC's input: exact counts whose total no party ever reconstructs."""
+    """The secure AUC's input: exact counts whose total no party ever reconstructs (with ``groups``, bucketed
+    as the Federated histogram buckets them, so that the two agree on every record's bucket)."""
     neg, pos, n = class_counts(site, params)
+    groups = params.get("groups")
+    if groups is not None:
+        groups = param(site, params, "groups", int)
+        if groups < 2 or neg.size % groups:
+            raise site.fail(f"groups must divide the {neg.size} buckets, got {groups}")
+        neg, pos = nested_counts(site, params, neg.size, groups)
     return QueryResult({"negative": neg, "positive": pos}, records=n)

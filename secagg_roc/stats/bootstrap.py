@@ -11,9 +11,11 @@ Steps, after the run's join:
 
 * ``statistic="brier"``: one round, ``calibration.brier_bootstrap``: per
   replicate the weighted sums of squared errors and of weights. Every
-  site gives at least ceil(q / sites) of its records a nonzero weight in
+  site gives at least ceil(q / min_sites) of its records a nonzero weight in
   every replicate (it redraws a replicate otherwise), so each replicate
-  total covers at least q records, as every release must.
+  total covers at least q records, as every release must, and so does each
+  replicate of what runs over other contributor sets difference into (an
+  atom of at least min_sites sites).
 * ``statistic="auc"`` or ``"sensitivity"``: pairs of cases and controls
   span sites, so the controls' side is the ROC-GLM's release
   (`stats.roc_release`: secure class counts, then each site's scores per
@@ -51,8 +53,8 @@ What an adversarial analyst can and cannot do (see
   The seed does not depend on the run id, which the analyst picks: with
   weights that changed from run to run, repeats would add replicates.
 * accumulate replicates: bounded. A site's weights are a function of its
-  key and the round's parameters other than ``n_boot``, so a repeat releases
-  the same totals and a larger ``n_boot`` extends the same replicates; at
+  key and the round's parameters other than ``n_boot`` (none depends on the
+  contributor set), so a repeat, or a run over other sites, releases the same replicates and a larger ``n_boot`` extends the same replicates; at
   most ``MAX_BOOT`` replicates per statistic and data. (The key lives as
   long as the site's process: a restarted deployed site draws a new one.)
 * what the Brier replicates still reveal: the totals are compound-Poisson
@@ -109,9 +111,15 @@ QUERIES = {"brier": "calibration.brier_bootstrap", "auc": "roc.bootstrap_auc",
            "sensitivity": "roc.bootstrap_sensitivity"}
 
 
-def min_weighted(policy: Policy, n_sites: int) -> int:
-    """The fewest of its records a site weights (nonzero) in every replicate: together at least q."""
-    return max(1, math.ceil(policy.privacy_level / max(1, n_sites)))
+def min_weighted(policy: Policy) -> int:
+    """The fewest of its records a site weights (nonzero) in every replicate: ceil(q / min_sites).
+
+    Not ceil(q / the run's sites): a site's weights do not depend on the contributor set (its key leaves
+    it out, so runs add no replicates), so where dropouts are allowed runs over other sets difference
+    replicate by replicate into totals of an atom of their sets, which holds min_sites sites at least
+    (the aggregators' differencing guard): min_sites * ceil(q / min_sites) >= q records
+    (tests/test_attacks_combined.py)."""
+    return max(1, math.ceil(policy.privacy_level / max(1, policy.min_sites)))
 
 
 def _n_boot(value: Any) -> int:
@@ -172,7 +180,7 @@ def bootstrap_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
     common = {"alpha": args["alpha"], "specificity": args["specificity"], "contributors": ctx.run.contributors}
     if statistic == "brier":
         step = {"label": args["label"], "score": args["score"], "score_range": probability_range(policy),
-                "n_boot": n_boot, "min_weighted": min_weighted(policy, len(ctx.run.contributors))}
+                "n_boot": n_boot, "min_weighted": min_weighted(policy)}
         totals = yield Step(QUERIES["brier"], step)
         num, den = _vectors(totals, n_boot)
         if ctx.party != "analyst":

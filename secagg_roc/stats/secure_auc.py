@@ -7,7 +7,10 @@ from their shares with the helper's correlated randomness (`mpc.secure_auc`):
 the analyst, and every contributing site, receive one float. Not the curve,
 not the histogram, not the class sizes. Ties within a bucket count 1/2, so for
 scores with one distinct value per bucket it is the exact pooled AUC
-(scikit-learn's ``roc_auc_score``).
+(scikit-learn's ``roc_auc_score``). While small cells are withheld and the
+grid nests in the calibration bins, records are bucketed as the Federated
+histogram buckets them (a score on a calibration edge in the bucket below),
+so the two never disagree about a record's bucket.
 
 The round is an exact release for the disclosure rules (q records, min_sites,
 no differencing of contributor sets in the sites' ledgers and at the
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Generator
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
-from .histogram_plan import declare_bins
+from .histogram_plan import declare_bins, suppression_groups
 from .roc_release import array_name, check_score_range
 
 if TYPE_CHECKING:
@@ -80,8 +83,14 @@ def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step,
     # The release's precision is a parameter of the round: every site checks it against its own plan, so the
     # aggregators that round the AUC (`released_auc`) do as the policy says, not as the analyst would like.
     decimals = None if ctx.policy.min_cell_count == 1 else AUC_DECIMALS
-    value = yield Step(SHARES, {"label": args["label"], "score": args["score"], "score_range": [lo, hi],
-                                            "bins": args["bins"], "decimals": decimals})
+    params = {"label": args["label"], "score": args["score"], "score_range": [lo, hi], "bins": args["bins"],
+              "decimals": decimals}
+    groups = suppression_groups(ctx.policy, args["bins"])
+    if ctx.policy.min_cell_count > 1 and groups > 1:
+        # Bucket the records as the Federated histogram does (a score on a calibration edge in its calibration
+        # bin's group): the AUC of other buckets than the histogram's would tell which records lie on an edge.
+        params["groups"] = groups
+    value = yield Step(SHARES, params)
     return SecureAuc(float(value), ctx.run.records, ctx.run.contributors, args["bins"])
 
 
