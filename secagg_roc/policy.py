@@ -31,6 +31,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Iterable, Mapping
 
+from .dp.accounting import Charge
 from .errors import PolicyError
 
 #: The roles an array can play in an analysis.
@@ -110,6 +111,15 @@ class DPPolicy:
         from .dp.gaussian import gaussian_sigma
 
         return gaussian_sigma(self.l2_sensitivity, self.epsilon, self.delta, mechanism=self.mechanism)
+
+    def release_charge(self) -> Charge:
+        """What every fresh Gaussian per-site release costs: one release at this policy's own parameters.
+
+        Never less, however much more noise an analysis asked for: exact rounds computed against the
+        noisy sample afterwards (the ROC-GLM's placement sums and Newton rounds, a DeLong test's) speak
+        about the true scores in a way the sample's own DP charge does not cover, and many cheap noisy
+        samples with their exact rounds added up to the pooled score table."""
+        return Charge.gaussian(self.sigma, self.l2_sensitivity, self.epsilon, self.delta)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -38,7 +38,6 @@ import numpy as np
 from .aggregator import NOT_COUNTED
 from .analyst import combine, combine_forwarded
 from .buffers import BufferPool, RecyclingPool
-from .dp.accounting import Charge
 from .errors import EncodingError, MessageError, PolicyError
 from .ledger import Ledger, LedgerEntry
 from .layout import flatten
@@ -231,11 +230,10 @@ class Site:
             self._check_consent({"mode": "non-private"})
             self.policy.check_non_private()
         else:
-            request = self.policy.check_dp(params.get("epsilon"), params.get("delta"), params.get("l2_sensitivity"),
-                                           params.get("mechanism"))
+            self.policy.check_dp(params.get("epsilon"), params.get("delta"), params.get("l2_sensitivity"),
+                                 params.get("mechanism"))
             assert self.policy.dp is not None
-            self.ledger.check_charge(Charge.gaussian(request.sigma, self.policy.dp.l2_sensitivity, request.epsilon,
-                                                     request.delta))
+            self.ledger.check_charge(self.policy.dp.release_charge())
 
     def _join_shares(self, query: Query, seeds: Mapping[int, bytes] | None) -> list:
         """The join's shares: a 1 for this site, with its record count."""
@@ -338,10 +336,10 @@ class Site:
                 self.policy.check_non_private()
                 charge = None
             else:
-                request = self.policy.check_dp(params.get("epsilon"), params.get("delta"),
-                                               params.get("l2_sensitivity"), params.get("mechanism"))
+                self.policy.check_dp(params.get("epsilon"), params.get("delta"), params.get("l2_sensitivity"),
+                                     params.get("mechanism"))
                 assert self.policy.dp is not None
-                charge = Charge.gaussian(request.sigma, self.policy.dp.l2_sensitivity, request.epsilon, request.delta)
+                charge = self.policy.dp.release_charge()  # one policy-level release, whatever noise was asked
                 self.ledger.check_charge(charge)
             _, result = run_site_query(self.data.with_context(step.context), step.query, params, canonical=True)
             values = result.values
