@@ -26,6 +26,8 @@ from secagg_roc.queries.run import JOIN
 
 from deploy_client import site_ledger
 
+from round_recording import recording
+
 pytestmark = pytest.mark.slow
 
 POLICY = Policy(
@@ -76,20 +78,6 @@ def _ledgers(cluster: LocalCluster) -> dict[str, dict[str, Any]]:
     return {s: site_ledger(cluster, s).summary() for s in cluster.site_names}
 
 
-def _recording(study) -> list[str]:
-    """The query of every round `study` asks for from now on (wrapping its round methods)."""
-    sent: list[str] = []
-    for method in ("aggregate", "release_dp"):
-        inner = getattr(study, method)
-
-        def record(query, params=None, _inner=inner, **kw):
-            sent.append(query)
-            return _inner(query, params, **kw)
-
-        setattr(study, method, record)
-    return sent
-
-
 def _needs(analysis: str, args: dict[str, Any]) -> frozenset[str]:
     plan = get_plan(analysis)
     return plan.run_queries(POLICY, declared(plan, POLICY, args))
@@ -107,7 +95,7 @@ def _run(study, analysis: str, args: dict[str, Any]) -> Any:
 
 def test_a_site_whose_whitelist_lacks_glm_newton_refuses_a_rocglm_run_at_the_join_spending_nothing(cluster, study):
     before = _ledgers(cluster)
-    sent = _recording(study)
+    sent = recording(study)
     try:
         with pytest.raises(PolicyError, match="site 'site-[bc]' does not take part in run '[0-9a-f]+' \\(rocglm\\): "
                                               "query 'glm.newton' is not allowed by this site's allowed_queries"):
@@ -155,7 +143,7 @@ def test_site_check_tells_the_operator_which_analyses_its_whitelist_refuses(clus
 def test_any_run_is_refused_at_the_join_with_nothing_spent_or_completes(cluster, study, case):
     analysis, args = case
     before = _ledgers(cluster)
-    sent = _recording(study)
+    sent = recording(study)
     try:
         result = _run(study, analysis, args)
     except SecAggError as exc:

@@ -26,6 +26,8 @@ from secagg_roc.plans.runner import join_params
 from secagg_roc.queries import QUERIES
 from secagg_roc.queries.run import JOIN
 
+from round_recording import recording
+
 ROLES = {"label": ["y"], "score": ["score", "score2"], "covariate": ["age", "score"]}
 DP = DPPolicy(epsilon=1.0, delta=0.1, l2_sensitivity=0.05, budget_epsilon=1000.0, budget_delta=0.99)
 
@@ -77,20 +79,6 @@ def _study(data: dict | None = None, **changes: Any) -> sr.Study:
     return sr.Study.local(data or _data(), policy=_policy(**changes), seed=1, allow_non_private=True)
 
 
-def _recording(study: sr.Study) -> list[str]:
-    """The query of every round `study` asks for from now on, in order (wrapping its round methods)."""
-    sent: list[str] = []
-    for method in ("aggregate", "release_dp", "release_mpc"):
-        inner = getattr(study, method)
-
-        def record(query, params=None, _inner=inner, **kw):
-            sent.append(query)
-            return _inner(query, params, **kw)
-
-        setattr(study, method, record)
-    return sent
-
-
 def _run(study: sr.Study, analysis: str, args: dict) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # non-private and convergence notes
@@ -122,7 +110,7 @@ def sent_by_case() -> list[tuple[str, frozenset[str], frozenset[str]]]:
     out = []
     for analysis, args, changes in CASES:
         study = _study(**changes)
-        sent = _recording(study)
+        sent = recording(study)
         _run(study, analysis, args)
         assert sent[0] == JOIN and JOIN not in sent[1:]
         canon = declared(get_plan(analysis), study.policy, args)
@@ -196,7 +184,7 @@ def test_a_site_missing_any_declared_query_refuses_the_join_and_nothing_is_relea
     canon = declared(get_plan(analysis), study.policy, args)
     for missing in sorted(get_plan(analysis).run_queries(study.policy, canon)):
         _whitelist(study, "s1", set(QUERIES) - {missing})
-        sent = _recording(study)
+        sent = recording(study)
         with pytest.raises(PolicyError, match=f"site 's1' does not take part in run '[0-9a-f]+' \\({analysis}\\): "
                                               f"query '{re.escape(missing)}' is not allowed by this site's "
                                               "allowed_queries"):
@@ -282,7 +270,7 @@ def test_a_plan_whose_own_step_leaves_its_declaration_is_stopped_at_the_analyst_
 
     monkeypatch.setitem(PLANS, "brier", dataclasses.replace(get_plan("brier"), rounds=rounds))
     study = _study()
-    sent = _recording(study)
+    sent = recording(study)
     with pytest.raises(PolicyError, match="plan 'brier' asks for query 'sum', which a run with these arguments "
                                           "does not declare"):
         _run(study, "brier", {"label": "y", "score": "score"})
@@ -325,7 +313,7 @@ def test_for_any_whitelist_a_run_is_refused_at_the_join_with_nothing_spent_or_co
     extra = data.draw(st.frozensets(st.sampled_from(CANDIDATES)), label="extra")
     allowed = (needs - drop) | extra
     _whitelist(study, site, allowed)
-    sent = _recording(study)
+    sent = recording(study)
     try:
         result = _run(study, analysis, args)
     except SecAggError as exc:
