@@ -4,6 +4,8 @@ Run by each Aggregator (`aggregator_service`, `pairwise_routes`) before a
 single byte of a body is decoded. Three things can go wrong with a body, and
 each has its own outcome:
 
+- it is compressed (any Content-Encoding but identity; no party compresses):
+  `MessageError`, 400, before a byte of it is read;
 - it is larger than ``max_body_bytes`` (by its Content-Length, or as it
   arrives, chunked or not): `RequestTooLarge`, 413;
 - it does not arrive in time (a stalled or very slow client): `RequestTimeout`,
@@ -104,6 +106,9 @@ async def read_body(request: web.Request, *, limit: int, round_timeout_s: float,
     `ClientGone`, as the module says."""
     who = client_of(request)  # while the connection is still there to ask
     party = request.get("secagg_party", who)
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):  # no party compresses; inflating one would cost the service, not it
+        raise MessageError(f"request bodies are sent uncompressed: Content-Encoding {encoding[:40]!r} is refused")
     n = request.content_length
     if n is not None and n > limit:
         raise RequestTooLarge(f"request body of {n} bytes exceeds max_body_bytes={limit}")
