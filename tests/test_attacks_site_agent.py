@@ -200,3 +200,35 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_sends_g
     assert _alive(cluster)
     assert "Traceback" not in _site_logs(cluster)
     evil.reply = empty_feed
+
+
+def _answers(cluster: LocalCluster, site: str, first: int) -> int:
+    import sqlite3
+
+    path = cluster.folder / "state" / f"{site}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return db.execute("SELECT COUNT(*) FROM log WHERE kind = 'answer' AND number >= ?", (first,)).fetchone()[0]
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: a site answers (and logs, and may charge to its ledger) any query ONE "
+                   "aggregator's feed offers, though the analyst never opened that round at the others: a malicious "
+                   "aggregator can flood it with thousands of fake rounds within the policy (unbounded log, budget "
+                   "spent on rounds that can never complete). Fix: answer a round only once `threshold` aggregators "
+                   "offer it (design change, not done here)")
+def test_rounds_only_the_malicious_aggregator_offers_are_not_answered(attacked) -> None:
+    cluster, evil = attacked
+    from deploy_client import join_query
+
+    first = 1_000_000
+    entries = [(first + i, b"".join(join_query(cluster.config, first + i, f"fake-{i}", "brier",
+                                   {"label": "y", "score": "score"}).to_buffers()))
+               for i in range(200)]
+    evil.reply = lambda m, p, b: _feed_with(entries, since=first + 200) if p.startswith("/v1/feed") else None
+    try:
+        end = time.monotonic() + 8.0  # long enough for several polls of agg-3's feed
+        while time.monotonic() < end and _answers(cluster, "site-a", first) == 0:
+            time.sleep(0.2)
+    finally:
+        evil.reply = empty_feed
+    assert _alive(cluster)
+    assert _answers(cluster, "site-a", first) == 0
