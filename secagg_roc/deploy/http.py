@@ -182,7 +182,10 @@ class AggregatorClient:
                 reused = True
             try:
                 return await asyncio.wait_for(self._exchange(conn, head, bufs, pooled), timeout)
-            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, asyncio.TimeoutError) as exc:
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, asyncio.TimeoutError,
+                    asyncio.LimitOverrunError, ValueError) as exc:
+                # ValueError and LimitOverrunError: a malformed reply (a length that is no number, a header
+                # line over the reader's limit): the aggregator's fault, a transport failure for the caller.
                 conn.close()
                 if is_tls_alert(exc):
                     raise self._bulk.connect_error(exc) from None
@@ -232,7 +235,10 @@ class AggregatorClient:
         elif headers.get("transfer-encoding", "").lower() == "chunked":
             body = await self._read_chunked(conn.reader)
         elif "content-length" in headers:
-            n = int(headers["content-length"])
+            raw = headers["content-length"]
+            if not (raw.isascii() and raw.isdigit()):
+                raise ConnectionError(f"bad Content-Length {raw[:40]!r}")
+            n = int(raw)
             if n > self.max_response_bytes:
                 raise ConnectionError(f"response of {n} bytes exceeds the limit {self.max_response_bytes}")
             if pooled and n >= BULK_BYTES and 200 <= status < 300:

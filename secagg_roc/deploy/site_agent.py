@@ -176,6 +176,14 @@ class SiteAgent(SiteAnswers):
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 continue
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # anything else an aggregator's reply provokes must not end this follower
+                if self._stopping:
+                    break
+                self.links.failed(client.name, f"unusable reply: {type(exc).__name__}: {exc}")
+                await asyncio.sleep(1.0)
+                continue
             self.links.ok(client.name)
             delay = 0.05
             if next_since < since:
@@ -277,6 +285,15 @@ class SiteAgent(SiteAnswers):
             while not self._stopping:
                 try:
                     share = await client.release(request, self.poll_wait)
+                    if share is not None and not (isinstance(share, (AggregateShare, ForwardedShares))
+                                                  and share.round_id == query.round_id):
+                        raise MessageError(f"a {type(share).__name__} that is not a share of round {number}")
+                except (MessageError, ServiceError) as exc:
+                    # A malformed or 5xx reply is this aggregator's fault, not the round's end: under a threshold
+                    # scheme the others' shares still combine, so it counts as absent (a transport failure).
+                    log.warning("%s answered the release of round %d with a bad reply: %s: %s",
+                                client.name, number, type(exc).__name__, exc)
+                    raise TransportError(f"{client.name} sent a bad release reply") from None
                 except TransportError:
                     if loop.time() + delay > give_up:
                         raise

@@ -1,0 +1,234 @@
+"""A malicious aggregator attacks REAL site agents: it holds agg-3's real certificate and key, listens on agg-3's
+port (the real agg-3 stopped), and answers the sites' requests with crafted replies. The site agents must not
+crash, not log tracebacks for its inputs, and (Shamir 2-of-3) keep serving the honest aggregators' rounds."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import secagg_roc.stats as sr
+from secagg_roc.deploy.http_protocol import pack_feed
+from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.remote_study import RemoteStudy
+from secagg_roc.deploy.tls import peer_identity, server_ssl_context
+from secagg_roc.queries.run import JOIN
+
+from deploy_client import make_query
+from test_deploy_schemes import embedded, make_data
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
+
+SITES = ("site-a", "site-b", "site-c")
+Reply = Callable[[str, str, bytes], bytes | None]  # (method, path, body) -> raw reply bytes, None: hang up
+
+
+def http(status: int, body: bytes = b"", *, headers: str | None = None) -> bytes:
+    head = headers if headers is not None else f"Content-Length: {len(body)}\r\n"
+    return f"HTTP/1.1 {status} X\r\n{head}\r\n".encode("latin-1") + body
+
+
+def empty_feed(method: str, path: str, body: bytes) -> bytes | None:
+    """An aggregator with nothing to offer (and nothing else to say)."""
+    return http(200, b"".join(pack_feed(0, []))) if path.startswith("/v1/feed") else None
+
+
+class EvilAggregator:
+    """A TLS server with an aggregator's real certificate, replying to sites with `self.reply` (run in a thread).
+
+    Requests of any party but a site are hung up on (the analyst sees the aggregator as absent)."""
+
+    def __init__(self, cluster: LocalCluster, name: str):
+        cfg = next(a for a in cluster.config.aggregators if a.name == name)
+        self.cfg, self.reply, self.slow, self.study_id = cfg, empty_feed, 0.3, cluster.config.study_id
+        self.ctx = server_ssl_context(cluster.config.ca_cert, cfg.cert, cfg.key)
+        self.requests: list[tuple[str, str]] = []
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, self.cfg.host, self.cfg.port, ssl=self.ctx, reuse_address=True))
+        started.set()
+        self.loop.run_forever()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            role = peer_identity(writer.get_extra_info("ssl_object"))[1]
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                method, path = head.decode("latin-1").split(" ")[:2]
+                length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+                body = await reader.readexactly(length)
+                self.requests.append((method, path))
+                if role == "site" and path == "/v1/info":  # what a site asks first after a failure
+                    info = {"study": self.study_id, "aggregator": self.cfg.name, "next_number": 1, "open_rounds": 0}
+                    out: bytes | None = http(200, json.dumps(info).encode())
+                else:
+                    out = self.reply(method, path, body) if role == "site" else None
+                if out is None:
+                    break
+                if path.startswith("/v1/feed"):
+                    await asyncio.sleep(self.slow)  # a long poll's pace, so that sites do not spin
+                writer.write(out)
+                await writer.drain()
+                break  # hang up after each reply: a short reply must not leave the site waiting for the rest
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for _, p in list(self.requests) if p.startswith(prefix))
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory: pytest.TempPathFactory):
+    cl = LocalCluster(tmp_path_factory.mktemp("evil"), make_data(4), n_aggregators=3, scheme="shamir", threshold=2,
+                      round_timeout_s=20.0, policy={"min_cell_count": 1, "allow_non_private": True},
+                      allow_non_private=True)
+    with cl.start():
+        cl.stop_party("agg-3")
+        evil = EvilAggregator(cl, "agg-3")
+        try:
+            yield cl, evil
+        finally:
+            evil.close()
+
+
+def _wait(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+def _site_logs(cluster: LocalCluster) -> str:
+    return "\n".join(cluster.log_text(s) for s in SITES)
+
+
+def _alive(cluster: LocalCluster) -> bool:
+    return all(cluster.procs[s].poll() is None for s in SITES)
+
+
+def _feed_with(entries: list[tuple[int, bytes]], since: int = 7) -> bytes:
+    return http(200, b"".join(pack_feed(since, entries)))
+
+
+BAD_FEED_REPLIES: dict[str, bytes] = {
+    "a Content-Length that is not a number": http(200, b"x", headers="Content-Length: lots\r\n"),
+    "a negative Content-Length": http(200, b"", headers="Content-Length: -5\r\n"),
+    "a chunk size that is not hex": http(200, b"zz\r\nabc\r\n0\r\n\r\n", headers="Transfer-Encoding: chunked\r\n"),
+    "a header line longer than the reader's limit": http(200, b"", headers="X-A: " + "a" * 70000 + "\r\nContent-Length: 0\r\n"),
+    "a status line that is not HTTP": b"SSH-2.0-OpenSSH\r\n\r\n",
+    "a truncated feed entry": http(200, b"".join(pack_feed(3, [(1, b"abcdef")]))[:-3]),
+    "garbage as the feed body": http(200, b"\x00\xff" * 50),
+    "an endless redirect": http(302, b"", headers="Location: https://127.0.0.1/v1/feed\r\nContent-Length: 0\r\n"),
+    "a 500 whose body lies (a RoundError text)": http(500, b"you are revoked"),
+    "a 200 announcing more bytes than it sends, then hanging up": http(200, b"abc", headers="Content-Length: 99\r\n"),
+}
+
+
+@pytest.mark.parametrize("attack", sorted(BAD_FEED_REPLIES))
+def test_a_malicious_feed_reply_neither_crashes_the_site_agent_nor_stops_it_following_that_aggregator(attacked, attack):
+    cluster, evil = attacked
+    raw = BAD_FEED_REPLIES[attack]
+    evil.reply = lambda m, p, b: raw if p.startswith("/v1/feed") else None
+    before = evil.count("/v1/feed")
+    _wait(lambda: evil.count("/v1/feed") >= before + 6, what=f"the sites to poll the feed under attack ({attack})")
+    evil.reply = empty_feed
+    after = evil.count("/v1/feed")
+    # every site still follows agg-3's feed once it behaves (a follower that died would never poll again)
+    _wait(lambda: evil.count("/v1/feed") >= after + 2 * len(SITES), what="the sites to poll the feed again")
+    assert _alive(cluster)
+    assert "Traceback" not in _site_logs(cluster), _site_logs(cluster)[-3000:]
+
+
+def test_feed_entries_that_are_not_queries_or_name_other_rounds_are_ignored_with_one_line(attacked) -> None:
+    cluster, evil = attacked
+    q = make_query(cluster.config.study_id, 5, "sum", {"x": "y"})
+    other = make_query("another-study", 9, JOIN, {"run": "r"})
+    entries = [(4, b"".join(q.to_buffers())), (9, b"".join(other.to_buffers())), (11, b"\x01\x02\x03")]
+    evil.reply = lambda m, p, b: _feed_with(entries) if p.startswith("/v1/feed") else None
+    before = evil.count("/v1/feed")
+    _wait(lambda: evil.count("/v1/feed") >= before + 6, what="the sites to poll the malformed feed")
+    evil.reply = empty_feed
+    assert _alive(cluster)
+    logs = _site_logs(cluster)
+    assert "Traceback" not in logs, logs[-3000:]
+
+
+def _evil_release(method: str, path: str, body: bytes) -> bytes | None:
+    if path.startswith("/v1/feed"):
+        return empty_feed(method, path, body)
+    return http(200, b"\x08\x00\x00\x00" + b"\xff" * 8)  # a frame of garbage, for releases and pushed shares
+
+
+def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_sends_garbage_releases(attacked) -> None:
+    """2-of-3: agg-3 answers the sites' releases and shares with garbage; the runs complete with agg-1 and agg-2,
+    with the embedded study's numbers."""
+    cluster, evil = attacked
+    evil.reply = _evil_release
+    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
+    with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+        fit = sr.fit_glm(study, "y", "x", family="logit")
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    assert evil.count("/v1/release") > 0
+    assert _alive(cluster)
+    assert "Traceback" not in _site_logs(cluster)
+    evil.reply = empty_feed
+
+
+def _answers(cluster: LocalCluster, site: str, first: int) -> int:
+    import sqlite3
+
+    path = cluster.folder / "state" / f"{site}.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return db.execute("SELECT COUNT(*) FROM log WHERE kind = 'answer' AND number >= ?", (first,)).fetchone()[0]
+
+
+@pytest.mark.xfail(strict=True, reason="VULN: a site answers (and logs, and may charge to its ledger) any query ONE "
+                   "aggregator's feed offers, though the analyst never opened that round at the others: a malicious "
+                   "aggregator can flood it with thousands of fake rounds within the policy (unbounded log, budget "
+                   "spent on rounds that can never complete). Fix: answer a round only once `threshold` aggregators "
+                   "offer it (design change, not done here)")
+def test_rounds_only_the_malicious_aggregator_offers_are_not_answered(attacked) -> None:
+    cluster, evil = attacked
+    from deploy_client import join_query
+
+    first = 1_000_000
+    entries = [(first + i, b"".join(join_query(cluster.config, first + i, f"fake-{i}", "brier",
+                                   {"label": "y", "score": "score"}).to_buffers()))
+               for i in range(200)]
+    evil.reply = lambda m, p, b: _feed_with(entries, since=first + 200) if p.startswith("/v1/feed") else None
+    try:
+        end = time.monotonic() + 8.0  # long enough for several polls of agg-3's feed
+        while time.monotonic() < end and _answers(cluster, "site-a", first) == 0:
+            time.sleep(0.2)
+    finally:
+        evil.reply = empty_feed
+    assert _alive(cluster)
+    assert _answers(cluster, "site-a", first) == 0
