@@ -29,7 +29,7 @@
 - `site_answers`: a site's answers, computed once and logged before they are sent.
 - `site_compaction`: a site's log as a snapshot (ledger, noise state, round numbers, ended runs) plus
   its live runs' rounds; restored on start.
-- `site_agent`: the site-agent process (outbound connections only) on top of them.
+- `site_agent`: the site agent (outbound connections only) on top of them; `site_process`: its process.
 - `party_process`: stopping a party process on a signal or EOF, announcing readiness.
 - `remote_study`: `RemoteStudy`, the analyst's `Study` over the network.
 - `store`: the SQLite log that makes every party survive a restart.

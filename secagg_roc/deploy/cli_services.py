@@ -151,7 +151,7 @@ def run_site_command(args: argparse.Namespace) -> int:
         return 0 if clean else 1
     require("deploy", "the site agent")
     _logging(args.log_level)
-    from .site_agent import run_site
+    from .site_process import run_site
 
     run_site(args.study, args.name, seed=args.seed, state_path=args.state,
              allow_non_private=args.allow_non_private, synchronous=args.sync.upper(), ready=_print_ready,

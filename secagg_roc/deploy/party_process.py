@@ -1,7 +1,7 @@
 """What every party process does around its service: stop on a signal or EOF, announce readiness.
 
 Run by each Aggregator (`aggregator_service.run_aggregator`) and each Site
-(`site_agent.run_site`) in its own process, and by `LocalCluster` through the
+(`site_process.run_site`) in its own process, and by `LocalCluster` through the
 pipe it starts them with. `hold_lock` keeps a second process of the same
 party off its database: two site agents on one ledger would answer the same
 rounds from two states.
