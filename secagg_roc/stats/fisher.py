@@ -12,6 +12,7 @@ reported, and the result assembled on the original scale (`finish`).
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from typing import Callable, Generator, Sequence
 
@@ -98,15 +99,17 @@ def _solve(matrix: np.ndarray, score: np.ndarray, keep: np.ndarray) -> np.ndarra
             return None if step is None else step.copy()
     step = _solve_now(matrix, score, keep)
     if key is not None:
-        _SOLVED[key] = None if step is None else step.copy()
-        while len(_SOLVED) > _SOLVED_KEPT:
-            del _SOLVED[next(iter(_SOLVED))]
+        with _SOLVED_LOCK:  # a deployed site answers in worker threads: evict under a lock
+            _SOLVED[key] = None if step is None else step.copy()
+            while len(_SOLVED) > _SOLVED_KEPT:
+                del _SOLVED[next(iter(_SOLVED))]
     return step
 
 
 #: Recent `_solve` results by the bytes of their inputs (a pure function of them).
 _SOLVED: dict[tuple, np.ndarray | None] = {}
 _SOLVED_KEPT = 64
+_SOLVED_LOCK = threading.Lock()
 
 
 def _solve_now(matrix: np.ndarray, score: np.ndarray, keep: np.ndarray) -> np.ndarray | None:
