@@ -50,8 +50,9 @@ def test_newton_reaches_fishers_and_statsmodels_maximum_from_any_start(seed, a, 
     np.testing.assert_allclose(newton[0], fisher[0], atol=1e-8)
     ref = sm.GLM(resp, X, family=sm.families.Binomial(sm.families.links.Probit()), freq_weights=w).fit(tol=1e-12)
     np.testing.assert_allclose(newton[0], ref.params, atol=1e-7)
-    # The information returned is the expected one (R's and statsmodels' standard errors), not Newton's.
-    np.testing.assert_allclose(np.sqrt(np.diag(np.linalg.inv(newton[1]))), ref.bse, rtol=1e-6)
+    # The information returned is the expected one (R's and statsmodels' standard errors), not Newton's:
+    # as in R's glm.fit, it is the last round's, at most one step of 1e-4 before the estimate (fisher.PREDICT_BELOW).
+    np.testing.assert_allclose(np.sqrt(np.diag(np.linalg.inv(newton[1]))), ref.bse, rtol=1e-4)
 
 
 def test_newton_from_zero_takes_fewer_rounds_and_a_start_at_the_maximum_one():

@@ -28,6 +28,8 @@ __all__ = ["FORMAT", "ResultsFileError", "design_header", "pending_tasks", "read
            "run_tasks"]
 
 FORMAT = "secagg-roc-simulation/1"
+#: The most tasks a worker runs at a time (by default): ~1 s of work.
+MAX_BATCH = 64
 #: A task: (setting index, data-set index).
 Task = tuple[int, int]
 
@@ -156,7 +158,7 @@ def run(
     ties: str = "strict",
     alpha: float = 0.05,
     executor: Callable[[list[list[Task]], dict[str, Any]], Iterator[list[dict[str, Any]]]] | None = None,
-    batch: int = 8,
+    batch: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:
     """Run every task of `settings` x range(`datasets`) not yet in the results file `out`.
@@ -164,8 +166,10 @@ def run(
     `resume` continues an existing file of the same design (else an existing
     file with results is refused); `executor` maps batches of tasks to their
     records (default: in this process, in order; `dask_backend.dask_executor`
-    spreads them over Dask workers); `progress(done, total)` is called after
-    each batch. Returns counts: total, skipped (already done), run, failed.
+    spreads them over Dask workers); `batch` tasks go to a worker at a time
+    (default: up to 64, fewer in a small run so that every worker gets some);
+    `progress(done, total)` is called after each batch. Returns counts:
+    total, skipped (already done), run, failed.
     """
     path = Path(out)
     wanted = design_header(master_seed, n_sites=n_sites, mechanism=mechanism, ties=ties, alpha=alpha)
@@ -177,6 +181,10 @@ def run(
                                    "to continue it, or choose another output")
     total = len(settings) * datasets
     todo = pending_tasks(settings, datasets, records)
+    if batch is None:
+        # A batch is one Dask task (~10 ms of scheduling and transfer each, measured): large batches, but at
+        # least 8 of them, so that the workers of a small run share it.
+        batch = max(1, min(MAX_BATCH, -(-len(todo) // 8)))
     counts = {"total": total, "skipped": total - len(todo), "run": 0, "failed": 0}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "r+b" if path.exists() else "wb") as fh:
