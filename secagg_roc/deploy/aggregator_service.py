@@ -70,6 +70,7 @@ from .http_protocol import (
     int_param,
 )
 from .pairwise_routes import add_routes, before_close
+from .reserve_routes import add_routes as add_reserve_routes, expire as expire_reservations
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
 from .pooled_bodies import POOL_BYTES
@@ -148,6 +149,7 @@ class AggregatorService:
         app.router.add_get("/v1/info", self._info)
         app.router.add_get("/v1/presence", self._presence)
         add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
+        add_reserve_routes(self, app)  # the analyst's held places (under every other scheme)
         idle = idle_timeout_s(self.config.round_timeout_s)
         self._stalled = StalledWrites(idle, log)
         self._crowds = PartyConnections(connections_per_party(self.config.max_open_rounds), log)
@@ -249,6 +251,7 @@ class AggregatorService:
                     transports = [h.transport for h in self._runner.server.connections]
                     self._stalled.sweep(transports)
                     self._crowds.sweep(transports)
+                await expire_reservations(self)  # places held past the round timeout are given back
                 for number in self.state.expired(time.time(), timeout):
                     query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(
                         self.state.answered(number))
