@@ -29,7 +29,12 @@ does, and adds what a deployment needs around it:
   a connection idle without a request head, or not reading its replies (or slower
   than 1 MB/s), is closed after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
   ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
-  line (`connection_guard`);
+  line (`connection_guard`); a TLS handshake not finished within
+  ``handshake_timeout_s`` (5 s) is dropped, and so is a connection from an address
+  that has ``max_handshakes_per_address`` (32) unfinished already (`tls_listen`);
+- a round closed at several aggregators is first reserved at each in turn
+  (``/v1/reserve``: its place held, `reservations`), so that a competing close
+  cannot leave it released at some aggregators only;
 - at the default log level: failed TLS handshakes (`tls_errors`), revoked
   certificates (`revocation`), a site running two agents, and when each
   site last polled (`site_presence`, ``/v1/presence``).
@@ -80,6 +85,7 @@ from .site_presence import SitePresence
 from .store import Store
 from .tls import AuthError, authorize, peer_identity, server_ssl_context
 from .tls_errors import log_failed_handshakes
+from .tls_listen import GuardedTLSSite
 
 __all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S", "ABANDON_FACTOR", "RETAIN_RELEASED"]
 
@@ -154,10 +160,12 @@ class AggregatorService:
         self._stalled = StalledWrites(idle, log)
         self._crowds = PartyConnections(connections_per_party(self.config.max_open_rounds), log)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=idle,
-                                     logger=HttpLog(logging.getLogger("aiohttp.server"), {}))
+                                     logger=HttpLog(logging.getLogger("aiohttp.server"), {}), shutdown_timeout=2.0)
         await self._runner.setup()
         host, port = self.agg_config.listen
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, shutdown_timeout=2.0)
+        site = GuardedTLSSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, log=log,
+                              handshake_timeout_s=self.config.handshake_timeout_s,
+                              max_handshakes_per_address=self.config.max_handshakes_per_address)
         try:
             await site.start()
         except OSError as exc:
