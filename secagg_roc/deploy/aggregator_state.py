@@ -4,7 +4,8 @@ Run by each Aggregator inside its service (`aggregator_service`). The state is
 built only from accepted messages: the core round state machine
 (`aggregator.Aggregator`: runs, their contributor sets, the differencing
 guard), which analyst number stands for which round, the feed the sites poll,
-the sites' refusals and the abandoned rounds. Live requests and the replay of
+the sites' refusals, the abandoned rounds and the places the analyst's
+reservations hold (`reservations`). Live requests and the replay of
 the log on start (`compaction.replay`) go through the same
 `AggregatorState.apply`, so a restarted aggregator holds exactly what it held
 before. Only the last `KEEP_SETTLED` settled rounds are held (and those the
