@@ -11,11 +11,10 @@ policy and DP seed. Both run one round:
     check it against their policy and their copy of the run's plan, and submit
     shares or refuse -> wait until every site the round expects submitted
     everywhere (or refused, or the round deadline) -> RoundStatus from every
-    aggregator -> agreed contributors (intersection) -> CloseRound (with
-    several aggregators, first reserved at each in turn: `close_order`) to
-    every aggregator -> `AggregateShare`s, combined into the totals
-    (`combine`), or, for a per-site DP round, `ForwardedShares`, combined
-    into each site's values (`combine_forwarded`).
+    aggregator -> agreed contributors (intersection) -> CloseRound reserved at
+    every aggregator in turn, then sent to each (`close_order`) -> `AggregateShare`s,
+    combined into the totals (`combine`), or, for a per-site DP round,
+    `ForwardedShares`, combined into each site's values (`combine_forwarded`).
 
 Every contributing site fetches the same release from the aggregators and
 moves its own copy of the plan on; the analyst sends the sites nothing but
@@ -240,7 +239,8 @@ class RemoteStudy(Study):
         self.close()
 
     def __repr__(self) -> str:
-        return f"RemoteStudy({self.study_id!r}, sites={list(self.sites)}, aggregators={[c.config.url for c in self.clients]})"
+        aggs = ", ".join(c.config.url for c in self.clients)
+        return f"RemoteStudy({self.study_id!r}, sites={list(self.sites)}, aggregators=[{aggs}])"
 
     def _call(self, coro: Awaitable[T]) -> T:
         if self._closed:
@@ -339,11 +339,9 @@ class RemoteStudy(Study):
 
     async def _close(self, close: CloseRound, deadline: float) -> list[Any]:
         """Close at every aggregator: with several, reserved at each in order first (`close_order`)."""
-        if len(self.clients) == 1:
-            return await self._all(lambda c: c.send(close), deadline, f"close {close.round_id}")
-        loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())
         return await reserve_then_close(self.clients, close, need=self.scheme.threshold, absent=self._absent,
-                                        deadline=loop_deadline, grace=QUORUM_GRACE_S)
+                                        deadline=asyncio.get_running_loop().time() + (deadline - time.monotonic()),
+                                        grace=QUORUM_GRACE_S)
 
     def _contributors(self, query: Query, statuses: list[RoundStatus]) -> tuple[str, ...]:
         """The contributor set to close over: the sites every aggregator accepted (as the embedded analyst)."""
