@@ -17,4 +17,20 @@ def column_sum(site: SiteData, params: dict[str, Any]) -> QueryResult:
     x = np.asarray(site.array(name), dtype=np.float64)
     if x.ndim == 0:
         raise site.fail(f"array {name!r} has no records axis")
-    return QueryResult({"sum": np.atleast_1d(x.sum(axis=0))}, records=int(x.shape[0]))
+    return QueryResult({"sum": np.atleast_1d(_sum_rows(x))}, records=int(x.shape[0]))
+
+
+#: Arrays of at most this many records are summed row by row.
+_FEW_ROWS = 8
+
+
+def _sum_rows(x: np.ndarray) -> np.ndarray:
+    """x.sum(axis=0), the same values in the same order (up to the sign of a zero total); a wide array of few
+    rows is summed from a copy of its first row: numpy's reduction first fills its output with zeros, one
+    more pass over a wide output (and its fresh pages) than the additions need."""
+    if x.ndim < 2 or not 1 <= x.shape[0] <= _FEW_ROWS:
+        return x.sum(axis=0)
+    total = x[0].copy()
+    for row in x[1:]:
+        np.add(total, row, out=total)
+    return total

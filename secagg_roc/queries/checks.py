@@ -34,10 +34,12 @@ def _problem(site: SiteData, role: str, name: str, detail: bool) -> tuple[str | 
         return f"{role} array {name!r} must be one-dimensional", n
     if role == "covariate" and a.ndim > 2:
         return f"covariate array {name!r} must be 1-D or 2-D", n
-    values = a.astype(np.float64)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        count = f" ({int(bad.sum())} entries)" if detail else ""
+    values = a if a.dtype == np.float64 else a.astype(np.float64)  # (read only below: no copy of float data)
+    # Finite iff its least and greatest values are (both are NaN if any entry is): two passes over the
+    # array, no temporary (a copy and a mask of a wide array cost more than the round that follows).
+    if values.size and not (np.isfinite(np.minimum.reduce(values, axis=None))
+                            and np.isfinite(np.maximum.reduce(values, axis=None))):
+        count = f" ({int(np.count_nonzero(~np.isfinite(values)))} entries)" if detail else ""
         return f"{role} array {name!r} contains NaN or infinite values{count}", n
     if role == "label":
         other = (values != 0.0) & (values != 1.0)  # np.isin(values, (0, 1)) negated, without its set-up cost
