@@ -4,6 +4,7 @@ role's array (min/max instead of a mask) and the row sum of a wide array of few 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
@@ -40,3 +41,13 @@ def test_the_row_sum_equals_numpys_sum_over_the_records_axis(x) -> None:
     total = _sum_rows(x)
     assert total.shape == x.sum(axis=0).shape
     np.testing.assert_array_equal(total, x.sum(axis=0))
+
+
+def test_the_sum_of_one_record_is_a_read_only_view_of_it_and_the_data_stay_untouched() -> None:
+    x = np.arange(12.0).reshape(1, 3, 4)
+    total = _sum_rows(x)
+    np.testing.assert_array_equal(total, x.sum(axis=0))
+    assert not total.flags.writeable and np.shares_memory(total, x)
+    with pytest.raises(ValueError, match="read-only"):
+        total += 1.0
+    assert x.flags.writeable and np.array_equal(x, np.arange(12.0).reshape(1, 3, 4))
