@@ -51,3 +51,11 @@ def test_the_sum_of_one_record_is_a_read_only_view_of_it_and_the_data_stay_untou
     with pytest.raises(ValueError, match="read-only"):
         total += 1.0
     assert x.flags.writeable and np.array_equal(x, np.arange(12.0).reshape(1, 3, 4))
+
+
+def test_finite_values_whose_sum_overflows_pass_the_finiteness_check() -> None:
+    huge = np.full(4, 1.5e308)  # finite, but their sum is not
+    assert role_problems(SiteData("s", {"score": huge}), [("score", "score")]) == []
+    huge[2] = -np.inf
+    assert role_problems(SiteData("s", {"score": huge}), [("score", "score")]) == [
+        "score array 'score' contains NaN or infinite values"]
