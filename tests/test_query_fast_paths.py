@@ -1,5 +1,6 @@
 """The site queries' fast paths give what the plain numpy expressions give: the finiteness check of a
-role's array (min/max instead of a mask) and the row sum of a wide array of few rows."""
+role's array (a sum, then min/max, instead of a copy and a mask) and the sum over the records of an
+array (one record: a read-only view of it)."""
 
 from __future__ import annotations
 

@@ -20,23 +20,12 @@ def column_sum(site: SiteData, params: dict[str, Any]) -> QueryResult:
     return QueryResult({"sum": np.atleast_1d(_sum_rows(x))}, records=int(x.shape[0]))
 
 
-#: Arrays of at most this many records are summed row by row.
-_FEW_ROWS = 8
-
-
 def _sum_rows(x: np.ndarray) -> np.ndarray:
-    """x.sum(axis=0), the same values in the same order (up to the sign of a zero total); a wide array of few
-    rows is summed from a copy of its first row: numpy's reduction first fills its output with zeros, one
-    more pass over a wide output (and its fresh pages) than the additions need. The sum of one record (a
-    site holding one vector) is that record itself, as a read-only view: no copy (of 8 MB at d = 1e6, into
-    fresh pages), and nothing downstream can write into the site's data through it."""
-    if x.ndim < 2 or not 1 <= x.shape[0] <= _FEW_ROWS:
-        return x.sum(axis=0)
-    if x.shape[0] == 1:
+    """x.sum(axis=0). The sum of one record (a site holding one vector) is that record itself, as a
+    read-only view (equal values, up to the sign of a zero): no copy of 8 MB at d = 1e6 into fresh pages
+    per round, and nothing downstream can write into the site's data through it."""
+    if x.ndim >= 2 and x.shape[0] == 1:
         row = x[0].view()
         row.flags.writeable = False
         return row
-    total = x[0].copy()
-    for row in x[1:]:
-        np.add(total, row, out=total)
-    return total
+    return x.sum(axis=0)
