@@ -156,7 +156,7 @@ def test_kill_9_a_site_agent_between_its_two_shares(cluster, local) -> None:
     # What was logged is the split (seeds, digests), and the restarted agent re-created the shares from
     # its data with those seeds, checked them against the digests, and sent them (the exact total above).
     record = json.loads(site_log(cluster, "site-a", "answer", number)[0])
-    assert record["format"] == "split-v1" and record["round"][1] == number and "correction_sha256" in record
+    assert record["format"] == "split-v1" and record["round"][1] == number and "correction_gmac" in record
     log_text = (cluster.folder / "logs" / "site-a.log").read_text()
     assert f"re-created the logged shares of loopback/round-{number}/" in log_text
 

@@ -5,7 +5,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import secagg_roc as sr
-from secagg_roc.ring import INTEGER, Encoding
+from secagg_roc.errors import EncodingError
+from secagg_roc.ring import INTEGER, Encoding, FixedPoint
 
 
 def test_public_api_roundtrip():
@@ -111,3 +112,27 @@ def test_fast_rounding_equals_rint_at_every_precision(frac_bits, unit, magnitude
     x = x[np.abs(x) <= codec.max_float]
     expect = np.rint(x * 2.0**frac_bits).astype(np.int64)
     np.testing.assert_array_equal(codec.encode(x).view(np.int64), expect)
+
+
+@given(st.integers(0, 62), st.sampled_from([1.0, 1e3, 1e9, 1e15]), st.booleans(), st.integers(0, 2**32 - 1))
+def test_saturating_and_plain_encodings_equal_rint_of_the_clipped_values_chunk_by_chunk(frac_bits, magnitude,
+                                                                                        saturate, seed):
+    # Two chunks and a bit: some within the fast path's range, some beyond it (clipped or exact path).
+    from secagg_roc.ring import _CHUNK
+
+    codec = FixedPoint(frac_bits, 16, saturate=saturate)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(2 * _CHUNK + 17) * magnitude
+    if not saturate:  # only the one value below is beyond the range
+        x = np.clip(x, -codec.max_float, codec.max_float)
+    x[_CHUNK + 5] = 3.0 * codec.max_float  # beyond the range: clipped, or refused
+    if not saturate:
+        with pytest.raises(EncodingError, match="could wrap"):
+            codec.encode(x)
+        x[_CHUNK + 5] = codec.max_float
+    clipped = np.clip(x, -codec.max_float, codec.max_float)
+    want = np.rint(clipped * 2.0**frac_bits).astype(np.int64).view(np.uint64)
+    assert np.array_equal(codec.encode(x), want)
+    x[3] = np.nan
+    with pytest.raises(EncodingError, match="NaN"):
+        codec.encode(x)

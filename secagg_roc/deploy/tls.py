@@ -18,6 +18,7 @@ in aiohttp, ``request.transport.get_extra_info("ssl_object")``.
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 from typing import Collection, Mapping
@@ -83,9 +84,17 @@ def peer_identity(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> PartyIden
     if not der:
         raise AuthError("peer presented no certificate")
     try:
-        return party_identity(der)
+        return _identity_of(der)
     except ConfigError as exc:
         raise AuthError(f"peer certificate carries no valid identity: {exc}") from None
+
+
+@functools.lru_cache(maxsize=1024)
+def _identity_of(der: bytes) -> PartyIdentity:
+    # The identity is a function of the certificate's bytes alone (whether they may be used - chain,
+    # expiry, revocation - is checked elsewhere, every time). Parsing a certificate on every request
+    # cost an aggregator more CPU than the rest of a status request; failures raise and are not kept.
+    return party_identity(der)
 
 
 def authorize(identity: PartyIdentity | tuple[str, str, str], study_id: str,

@@ -21,6 +21,17 @@ def _numeric(a: np.ndarray) -> bool:
     return a.dtype.kind in "iufb"
 
 
+def _all_finite(values: np.ndarray) -> bool:
+    """Whether every entry of float64 `values` is finite, without a temporary (a copy and a mask of a wide
+    array cost more than the round that follows). A NaN or an infinity makes the sum non-finite, so a finite
+    sum settles it in one pass; a non-finite one (or finite values whose sum overflows) is decided by the
+    least and greatest values, which are finite iff every entry is (both are NaN if any entry is)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        if np.isfinite(np.add.reduce(values, axis=None)):
+            return True
+    return bool(np.isfinite(np.minimum.reduce(values, axis=None)) and np.isfinite(np.maximum.reduce(values, axis=None)))
+
+
 def _problem(site: SiteData, role: str, name: str, detail: bool) -> tuple[str | None, int | None]:
     """(what is wrong with array `name` as a `role`, its number of records)."""
     if name not in site.arrays:
@@ -34,10 +45,9 @@ def _problem(site: SiteData, role: str, name: str, detail: bool) -> tuple[str | 
         return f"{role} array {name!r} must be one-dimensional", n
     if role == "covariate" and a.ndim > 2:
         return f"covariate array {name!r} must be 1-D or 2-D", n
-    values = a.astype(np.float64)
-    bad = ~np.isfinite(values)
-    if bad.any():
-        count = f" ({int(bad.sum())} entries)" if detail else ""
+    values = a if a.dtype == np.float64 else a.astype(np.float64)  # (read only below: no copy of float data)
+    if values.size and not _all_finite(values):
+        count = f" ({int(np.count_nonzero(~np.isfinite(values)))} entries)" if detail else ""
         return f"{role} array {name!r} contains NaN or infinite values{count}", n
     if role == "label":
         other = (values != 0.0) & (values != 1.0)  # np.isin(values, (0, 1)) negated, without its set-up cost
