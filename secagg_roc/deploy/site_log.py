@@ -14,10 +14,11 @@ few hundred bytes of seeds and digests, enough to re-create the identical
 shares from the same data after a restart and to check that they are
 identical (`split_mismatch`). The share vectors are digested with GMAC under
 a fresh random key logged with the seeds (a tenth of SHA-256's CPU on an 8 MB
-vector); records written with SHA-256 digests are still checked as such. ``secagg-roc site check`` reads the site's
-ledger from the log (`read_ledger`). The log is compacted as rounds settle
-(`site_compaction`): the ledger, the noise state and what else must be kept
-move into a snapshot; the live runs' entries stay.
+vector); records written with SHA-256 digests are still checked as such.
+``secagg-roc site check`` reads the site's ledger from the log
+(`read_ledger`). The log is compacted as rounds settle (`site_compaction`):
+the ledger, the noise state and what else must be kept move into a snapshot;
+the live runs' entries stay.
 """
 
 from __future__ import annotations
