@@ -5,7 +5,11 @@ records from its data file (`site_data`; columns mapped to array names by the
 study file) and builds the core `Site` with the study's privacy policy, its
 own `Ledger` and the operator's consent to the non-private mode
 (``--allow-non-private``). Then it follows every aggregator's feed (long
-polls: the site never listens on a port). For each round it:
+polls: the site never listens on a port). A new round is answered only once
+as many aggregators offer the same query as the scheme needs to combine a
+release (`site_offers`: all of them, Shamir's threshold, pairwise's one
+server), so one aggregator alone cannot make a site log or charge a round
+the analyst never opened. For each round it then:
 
 1. has `Site.answer` check it: a run's join against the policy and the site's
    data, every later round against the site's own copy of the run's plan (it
@@ -33,16 +37,16 @@ An aggregator's malformed reply (a bad length, a header over the limit, a
 garbage or wrong-round release, a 5xx) is one log line and counts as that
 aggregator's absence: the site keeps following it, and under a threshold
 scheme the others' release shares still combine
-(`tests/test_attacks_site_agent.py`). Known gap: a round offered by one
-aggregator alone is answered (a strict xfail there).
+(`tests/test_attacks_site_agent.py`).
 
 Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
 agreement through the one aggregator and followed by the site's one unmask
 answer (`site_pairwise`, logged before anything leaves). After a restart,
-answered rounds whose release is still to come are fetched again. `SiteAgent` is the network side (feeds, pushes, releases) on top of
+answered rounds whose release is still to come are fetched again.
+`SiteAgent` is the network side (feeds, pushes, releases) on top of
 `site_answers.SiteAnswers`, which answers and logs; the log's format is
-`site_log`. The public names of `site_data` and `site_log` are importable from
-here as well.
+`site_log`. The public names of `site_data` and `site_log` are importable
+from here as well.
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
 from .quorum import TooFewAggregators, gather_quorum
 from .site_answers import SiteAnswers
+from .site_offers import RoundOffers
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
 from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
@@ -118,6 +123,8 @@ class SiteAgent(SiteAnswers):
         self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked)
                         for a in config.aggregators]
         self.links = LinkLog(log)
+        #: New rounds offered so far: answered once as many aggregators offer one as the scheme needs.
+        self.offers = RoundOffers(min(self.scheme.threshold, len(self.clients)), len(self.clients))
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
@@ -217,6 +224,14 @@ class SiteAgent(SiteAnswers):
         loop = asyncio.get_running_loop()
         async with self._lock:
             cached = self._cached(message)  # a retired number gets its refusal
+            offered = self.offers.offer(message, source) if cached is None else 0
+            if cached is None and offered < self.offers.need:
+                # A new round answered on one aggregator's word would let that one aggregator make this site
+                # log, and charge, rounds that can never complete: wait for as many as the scheme needs.
+                if offered == 1:
+                    log.info("round %d (%s) offered by %s; answered once %d aggregators offer it", number,
+                             message.name, self.clients[source].name, self.offers.need)
+                return
             if cached is None:
                 await self._await_previous(message)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
@@ -224,6 +239,7 @@ class SiteAgent(SiteAnswers):
                 if cached is None:
                     cached = await loop.run_in_executor(None, self._answer, message)
                 self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
+                self.offers.forget(message)  # answered and logged: the log decides from now on
                 if cached.kind == "refusal":
                     self.pairwise.forget(number)  # nothing masked: it answers no unmask request
             elif cached.round_id != message.round_id:
