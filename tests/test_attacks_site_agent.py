@@ -18,6 +18,7 @@ from secagg_roc.deploy.http_protocol import pack_feed
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.remote_study import RemoteStudy
 from secagg_roc.deploy.tls import peer_identity, server_ssl_context
+from secagg_roc.messages import ErrorReply
 from secagg_roc.queries.run import JOIN
 
 from deploy_client import make_query
@@ -200,6 +201,31 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_sends_g
     assert _alive(cluster)
     assert "Traceback" not in _site_logs(cluster)
     evil.reply = empty_feed
+
+
+def _refusal(code: str, status: int = 403) -> bytes:
+    return http(status, b"".join(ErrorReply(code, f"agg-3 says: {code}, go away").to_buffers()))
+
+
+@pytest.mark.parametrize("code, status", [("PolicyError", 403), ("RoundError", 409), ("AuthError", 403),
+                                          ("MessageError", 400)])
+def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_refuses_the_sites_releases(
+        attacked, code, status) -> None:
+    """2-of-3: agg-3 answers every release request of the sites with a 4xx error reply (as if the round had
+    ended without them); it counts as agg-3's absence, and the runs complete with agg-1 and agg-2."""
+    cluster, evil = attacked
+    refusal = _refusal(code, status)
+    evil.reply = lambda m, p, b: empty_feed(m, p, b) if p.startswith("/v1/feed") else refusal
+    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
+    try:
+        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+            fit = sr.fit_glm(study, "y", "x", family="logit")
+    finally:
+        evil.reply = empty_feed
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    assert evil.count("/v1/release") > 0
+    assert _alive(cluster)
+    assert "Traceback" not in _site_logs(cluster)
 
 
 def _answers(cluster: LocalCluster, site: str, first: int) -> int:

@@ -56,15 +56,16 @@ import logging
 import os
 
 from ..errors import MessageError, SecAggError
-from ..messages import AggregateShare, ErrorReply, ForwardedShares, InputShare, Message, Query, StatusRequest
+from ..messages import ErrorReply, InputShare, Message, Query
 from ..queries.run import JOIN
 from .aggregator_state import ABANDON_FACTOR
 from .config_schema import StudyConfig
 from .http import AggregatorClient
 from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
-from .quorum import TooFewAggregators, gather_quorum
+from .quorum import TooFewAggregators
 from .site_answers import SiteAnswers
+from .site_fetch import RELEASE_GRACE_S, feed_reply_limit, fetch_release, release_reply_limit  # noqa: F401
 from .site_offers import RoundOffers
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
@@ -82,8 +83,6 @@ __all__ = [
     "LEDGER_PREFIX",
 ]
 
-#: Seconds a site waits for the other aggregators' shares of a release once `threshold` of them came.
-RELEASE_GRACE_S = 2.0
 log = logging.getLogger("secagg_roc.site")
 
 
@@ -125,6 +124,7 @@ class SiteAgent(SiteAnswers):
         self.links = LinkLog(log)
         #: New rounds offered so far: answered once as many aggregators offer one as the scheme needs.
         self.offers = RoundOffers(min(self.scheme.threshold, len(self.clients)), len(self.clients))
+        self.feed_limit = feed_reply_limit(config)  # a bigger feed reply is that aggregator's failure
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
@@ -171,7 +171,7 @@ class SiteAgent(SiteAnswers):
                 if client.name in self.links.failing:
                     await client.info()  # a quick request first: the feed's long poll would say "back" only later
                     self.links.ok(client.name)
-                next_since, entries = await client.feed(since, self.poll_wait)
+                next_since, entries = await client.feed(since, self.poll_wait, limit=self.feed_limit)
             except AuthError as exc:
                 self.links.failed(client.name, str(exc), level=logging.ERROR)
                 await asyncio.sleep(5.0)  # a configuration problem: do not hammer the aggregator
@@ -291,49 +291,15 @@ class SiteAgent(SiteAnswers):
         return task
 
     async def _get_release(self, number: int) -> None:
-        """Fetch every aggregator's share of round `number`'s release, log them, and take them in."""
+        """Fetch the aggregators' shares of round `number`'s release (`site_fetch`), log them, and take them in."""
         query = self.queries[number]
-        request = StatusRequest(query.round_id)
         loop = asyncio.get_running_loop()
         # A round is abandoned ABANDON_FACTOR round timeouts after it opened; after that nothing will come.
         give_up = loop.time() + (ABANDON_FACTOR + 1.0) * self.config.round_timeout_s
-
-        async def one(client: AggregatorClient) -> Message:
-            delay = 0.05
-            while not self._stopping:
-                try:
-                    share = await client.release(request, self.poll_wait)
-                    if share is not None and not (isinstance(share, (AggregateShare, ForwardedShares))
-                                                  and share.round_id == query.round_id):
-                        raise MessageError(f"a {type(share).__name__} that is not a share of round {number}")
-                except (MessageError, ServiceError) as exc:
-                    # A malformed or 5xx reply is this aggregator's fault, not the round's end: under a threshold
-                    # scheme the others' shares still combine, so it counts as absent (a transport failure).
-                    log.warning("%s answered the release of round %d with a bad reply: %s: %s",
-                                client.name, number, type(exc).__name__, exc)
-                    raise TransportError(f"{client.name} sent a bad release reply") from None
-                except TransportError:
-                    if loop.time() + delay > give_up:
-                        raise
-                    await asyncio.sleep(delay)
-                    delay = min(2.0, delay * 2)
-                    continue
-                if share is not None:
-                    return share
-                if loop.time() > give_up:
-                    raise TransportError(f"round {number} was not released by {client.name} in time")
-            raise TransportError("the site agent is stopping")
-
-        need = self.scheme.threshold
-        fetches = [] if need < len(self.clients) else [asyncio.ensure_future(one(c)) for c in self.clients]
         try:
-            if fetches:
-                shares = await asyncio.gather(*fetches)
-            else:  # a threshold scheme: `threshold` aggregators' shares combine; absent ones are not waited for
-                got, _ = await gather_quorum([(j, lambda c=c: one(c)) for j, c in enumerate(self.clients)],
-                                             need=need, deadline=give_up, grace=RELEASE_GRACE_S,
-                                             what=f"the release of round {number}")
-                shares = [got[j] for j in sorted(got)]
+            shares = await fetch_release(self.clients, query, need=self.scheme.threshold, wait=self.poll_wait,
+                                         limit=release_reply_limit(self.config, query), give_up=give_up,
+                                         stopping=lambda: self._stopping)
         except SecAggError as exc:  # e.g. the round closed without this site, or was abandoned
             if isinstance(exc, (TransportError, TooFewAggregators)):
                 if not self._stopping:  # a stop is not a failure: the release is fetched after the restart
@@ -341,12 +307,6 @@ class SiteAgent(SiteAnswers):
                 return
             log.info("round %d brings this site no release: %s: %s", number, type(exc).__name__, exc)
             self.settled.add(number)
-            return
-        finally:
-            for f in fetches:
-                f.cancel()
-        if not all(isinstance(s, (AggregateShare, ForwardedShares)) and s.round_id == query.round_id for s in shares):
-            log.error("an aggregator answered the release of round %d with something else; ignored", number)
             return
         await loop.run_in_executor(None, self._take_release, number, list(shares))
         self.pairwise.forget(number)
