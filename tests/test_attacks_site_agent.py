@@ -48,6 +48,7 @@ class EvilAggregator:
     def __init__(self, cluster: LocalCluster, name: str):
         cfg = next(a for a in cluster.config.aggregators if a.name == name)
         self.cfg, self.reply, self.slow, self.study_id = cfg, empty_feed, 0.3, cluster.config.study_id
+        self.analyst_reply: Reply | None = None  # None: hang up on the analyst (it sees agg-3 as absent)
         self.ctx = server_ssl_context(cluster.config.ca_cert, cfg.cert, cfg.key)
         self.requests: list[tuple[str, str]] = []
         self.loop = asyncio.new_event_loop()
@@ -76,7 +77,8 @@ class EvilAggregator:
                     info = {"study": self.study_id, "aggregator": self.cfg.name, "next_number": 1, "open_rounds": 0}
                     out: bytes | None = http(200, json.dumps(info).encode())
                 else:
-                    out = self.reply(method, path, body) if role == "site" else None
+                    out = (self.reply(method, path, body) if role == "site" else
+                           self.analyst_reply(method, path, body) if self.analyst_reply is not None else None)
                 if out is None:
                     break
                 if path.startswith("/v1/feed"):
@@ -226,6 +228,22 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_refuses
     assert evil.count("/v1/release") > 0
     assert _alive(cluster)
     assert "Traceback" not in _site_logs(cluster)
+
+
+@pytest.mark.parametrize("code, status", [("PolicyError", 403), ("PrivacyError", 403), ("AuthError", 403)])
+def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_refuses_every_analyst_request(
+        attacked, code, status) -> None:
+    """2-of-3: agg-3 answers each of the analyst's requests (info, open, status, close) with a 4xx error reply
+    naming a rule; the analyst counts it as agg-3's absence, and the run completes exactly with agg-1 and agg-2."""
+    cluster, evil = attacked
+    evil.analyst_reply = lambda m, p, b: _refusal(code, status)
+    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
+    try:
+        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+            fit = sr.fit_glm(study, "y", "x", family="logit")
+    finally:
+        evil.analyst_reply = None
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
 
 
 def _answers(cluster: LocalCluster, site: str, first: int) -> int:
