@@ -8,6 +8,7 @@ import asyncio
 import json
 import threading
 import time
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -27,7 +28,7 @@ from test_deploy_schemes import embedded, make_data
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
 
 SITES = ("site-a", "site-b", "site-c")
-Reply = Callable[[str, str, bytes], bytes | None]  # (method, path, body) -> raw reply bytes, None: hang up
+Reply = Callable[[str, str, bytes], bytes | tuple[bytes, ...] | None]  # (method, path, body) -> raw reply, None: hang up
 
 
 def http(status: int, body: bytes = b"", *, headers: str | None = None) -> bytes:
@@ -83,8 +84,11 @@ class EvilAggregator:
                     break
                 if path.startswith("/v1/feed"):
                     await asyncio.sleep(self.slow)  # a long poll's pace, so that sites do not spin
-                writer.write(out)
-                await writer.drain()
+                for part in out if isinstance(out, tuple) else (out,):  # a tuple: a reply too big to copy
+                    view = memoryview(part)
+                    for at in range(0, max(1, len(view)), 1 << 20):  # a MiB at a time: the loop stays responsive
+                        writer.write(view[at:at + (1 << 20)])
+                        await writer.drain()
                 break  # hang up after each reply: a short reply must not leave the site waiting for the rest
         except Exception:
             pass
@@ -110,7 +114,7 @@ class EvilAggregator:
 def attacked(tmp_path_factory: pytest.TempPathFactory):
     cl = LocalCluster(tmp_path_factory.mktemp("evil"), make_data(4), n_aggregators=3, scheme="shamir", threshold=2,
                       round_timeout_s=20.0, policy={"min_cell_count": 1, "allow_non_private": True},
-                      allow_non_private=True)
+                      allow_non_private=True, max_body_bytes=1 << 20)  # shares of 1 MiB at most: releases too
     with cl.start():
         cl.stop_party("agg-3")
         evil = EvilAggregator(cl, "agg-3")
@@ -244,6 +248,58 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_refuses
     finally:
         evil.analyst_reply = None
     np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+
+
+OVERSIZED = 128 << 20  # within the client's general 1 GiB cap, far beyond what a feed or release can hold here
+_ZEROS = bytes(OVERSIZED)  # zero pages: cheap to hold, and sent as they are
+
+
+def _oversized(method: str, path: str, body: bytes) -> tuple[bytes, ...]:
+    return (f"HTTP/1.1 200 X\r\nContent-Length: {OVERSIZED}\r\n\r\n".encode(), _ZEROS)
+
+
+def _peak_rss_mib(cluster: LocalCluster, site: str) -> float:
+    status = (Path("/proc") / str(cluster.procs[site].pid) / "status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))) / 1024
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from /proc")
+def test_an_oversized_feed_reply_is_refused_at_its_header_not_read_into_the_site_agent(attacked) -> None:
+    """agg-3 answers feed polls with a 128 MiB body (the client's general cap is 1 GiB); a feed holds at most
+    the open rounds' queries, so each site refuses it at its header, as agg-3's failure, without reading it."""
+    cluster, evil = attacked
+    before = {s: _peak_rss_mib(cluster, s) for s in SITES}
+    evil.reply = lambda m, p, b: _oversized(m, p, b) if p.startswith("/v1/feed") else None
+    try:
+        _wait(lambda: all("exceeds the limit" in cluster.log_text(s) for s in SITES), timeout=30.0,
+              what="every site to report agg-3's oversized feed replies")
+    finally:
+        evil.reply = empty_feed
+    grew = {s: _peak_rss_mib(cluster, s) - before[s] for s in SITES}
+    assert all(g < 50 for g in grew.values()), grew
+    after = evil.count("/v1/feed")
+    _wait(lambda: evil.count("/v1/feed") >= after + 2 * len(SITES), what="the sites to poll agg-3's feed again")
+    assert _alive(cluster)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from /proc")
+def test_an_oversized_release_reply_counts_as_the_aggregators_absence_without_being_read(attacked) -> None:
+    """2-of-3: agg-3 answers release requests with a 128 MiB body; a release here holds one share of at most
+    max_body_bytes, so the sites refuse it at its header and combine agg-1's and agg-2's shares: exact runs."""
+    cluster, evil = attacked
+    before = {s: _peak_rss_mib(cluster, s) for s in SITES}
+    evil.reply = lambda m, p, b: empty_feed(m, p, b) if p.startswith("/v1/feed") else _oversized(m, p, b)
+    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
+    try:
+        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+            fit = sr.fit_glm(study, "y", "x", family="logit")
+    finally:
+        evil.reply = empty_feed
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    assert evil.count("/v1/release") > 0
+    grew = {s: _peak_rss_mib(cluster, s) - before[s] for s in SITES}
+    assert all(g < 50 for g in grew.values()), grew
+    assert _alive(cluster)
 
 
 def _answers(cluster: LocalCluster, site: str, first: int) -> int:

@@ -209,10 +209,12 @@ class AggregatorClient:
         *,
         content_type: str = MESSAGE_TYPE,
         timeout: float = 60.0,
+        limit: int | None = None,
     ) -> Response:
         """Like `request`, over a blocking TLS socket in a worker thread (for large bodies)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._bulk.request, method, path, list(body), content_type, timeout)
+        return await loop.run_in_executor(None, self._bulk.request, method, path, list(body), content_type, timeout,
+                                          limit)
 
     async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any], pooled: bool = False,
                         limit: int | None = None) -> Response:
@@ -297,16 +299,16 @@ class AggregatorClient:
 
     # -- the protocol's calls ----------------------------------------------------
 
-    async def send(self, message: Message, *, timeout: float = 120.0) -> Message:
-        """POST /v1/message: one message, its one-message reply; errors raise their class.
+    async def send(self, message: Message, *, timeout: float = 120.0, limit: int | None = None) -> Message:
+        """POST /v1/message: one message, its one-message reply (at most `limit` bytes); errors raise their class.
 
         A message of `BULK_BYTES` or more goes over the blocking bulk path; a reply that large
         (a round's aggregate share) is read into a recycled buffer its decoded vector refers to."""
         bufs = message.to_buffers()
         if sum(len(memoryview(b).cast("B")) for b in bufs) >= BULK_BYTES:
-            resp = await self.request_bulk("POST", "/v1/message", bufs, timeout=timeout)
+            resp = await self.request_bulk("POST", "/v1/message", bufs, timeout=timeout, limit=limit)
         else:
-            resp = await self.request("POST", "/v1/message", bufs, timeout=timeout, pooled=True)
+            resp = await self.request("POST", "/v1/message", bufs, timeout=timeout, pooled=True, limit=limit)
         return decode(self._check(resp, "/v1/message").body)
 
     async def status(self, request: Message, wait: float = 0.0) -> list[Message]:
@@ -324,10 +326,11 @@ class AggregatorClient:
         frames = unpack_frames(resp.body, limit=1)
         return frames[0] if frames else None
 
-    async def refuse(self, request: Message, reply: ErrorReply) -> None:
+    async def refuse(self, request: Message, reply: ErrorReply, *, limit: int | None = None) -> None:
         """POST /v1/refusal: tell the aggregator (and so the analyst) why this site refused a round."""
         self._check(
-            await self.request("POST", "/v1/refusal", pack_frames([request, reply]), content_type=FRAMES_TYPE),
+            await self.request("POST", "/v1/refusal", pack_frames([request, reply]), content_type=FRAMES_TYPE,
+                               limit=limit),
             "/v1/refusal",
         )
 
@@ -338,9 +341,9 @@ class AggregatorClient:
         resp = self._check(await self.request("GET", path, timeout=wait + 30.0, limit=limit), path)
         return unpack_feed(resp.body)
 
-    async def info(self) -> dict[str, Any]:
-        """GET /v1/info."""
-        resp = self._check(await self.request("GET", "/v1/info", timeout=30.0), "/v1/info")
+    async def info(self, *, limit: int | None = None) -> dict[str, Any]:
+        """GET /v1/info (a reply over `limit` bytes is a `TransportError`)."""
+        resp = self._check(await self.request("GET", "/v1/info", timeout=30.0, limit=limit), "/v1/info")
         try:
             value = json.loads(resp.body)
         except ValueError as exc:

@@ -65,7 +65,8 @@ from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
 from .quorum import TooFewAggregators
 from .site_answers import SiteAnswers
-from .site_fetch import RELEASE_GRACE_S, feed_reply_limit, fetch_release, release_reply_limit  # noqa: F401
+from .site_fetch import RELEASE_GRACE_S, SMALL_REPLY_BYTES, feed_reply_limit, fetch_release  # noqa: F401
+from .site_fetch import release_reply_limit, site_reply_limit
 from .site_offers import RoundOffers
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
@@ -119,8 +120,8 @@ class SiteAgent(SiteAnswers):
         self.poll_wait = poll_wait
         ctx = client_ssl_context(config.ca_cert, self.party.cert, self.party.key)
         revoked = RevocationList(config.ca_crl, config.ca_cert)  # an aggregator can be revoked too
-        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked)
-                        for a in config.aggregators]
+        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked,
+                                         max_response_bytes=site_reply_limit(config)) for a in config.aggregators]
         self.links = LinkLog(log)
         #: New rounds offered so far: answered once as many aggregators offer one as the scheme needs.
         self.offers = RoundOffers(min(self.scheme.threshold, len(self.clients)), len(self.clients))
@@ -169,7 +170,7 @@ class SiteAgent(SiteAnswers):
         while not self._stopping:
             try:
                 if client.name in self.links.failing:
-                    await client.info()  # a quick request first: the feed's long poll would say "back" only later
+                    await client.info(limit=SMALL_REPLY_BYTES)  # a quick request first: the feed's long poll would say "back" only later
                     self.links.ok(client.name)
                 next_since, entries = await client.feed(since, self.poll_wait, limit=self.feed_limit)
             except AuthError as exc:
@@ -344,9 +345,9 @@ class SiteAgent(SiteAnswers):
             while not self._stopping:
                 try:
                     if isinstance(messages[-1], ErrorReply):
-                        await client.refuse(messages[0], messages[-1])
+                        await client.refuse(messages[0], messages[-1], limit=SMALL_REPLY_BYTES)
                     else:
-                        await client.send(messages[0])
+                        await client.send(messages[0], limit=SMALL_REPLY_BYTES)
                     self._acked.add((number, j))
                     self._drop_sent(number)
                     return

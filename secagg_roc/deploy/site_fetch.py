@@ -7,6 +7,9 @@ count as that aggregator's absence, never as the end of the round:
 - a feed reply holds at most the aggregator's open rounds (``max_open_rounds``
   of the study), each a query whose parameters fit the wire's string limit, so
   a bigger one is refused while its header is read (`feed_reply_limit`);
+- an acknowledgement of a pushed share, of a refusal, or an info reply is
+  small (`SMALL_REPLY_BYTES`); no reply is bigger than a per-site release
+  (`site_reply_limit`, the site's clients' overall cap);
 - a release reply holds one aggregate share, as long as the sites' input
   shares (each fit the study's ``max_body_bytes``), or for a per-site round
   every contributor's share (`release_reply_limit`);
@@ -33,7 +36,8 @@ from .http import AggregatorClient
 from .http_protocol import ServiceError, TransportError
 from .quorum import TooFewAggregators, gather_quorum
 
-__all__ = ["feed_reply_limit", "release_reply_limit", "fetch_release", "NoRelease", "RELEASE_GRACE_S"]
+__all__ = ["feed_reply_limit", "release_reply_limit", "site_reply_limit", "fetch_release", "NoRelease",
+           "RELEASE_GRACE_S", "SMALL_REPLY_BYTES"]
 
 log = logging.getLogger("secagg_roc.site")
 
@@ -41,6 +45,9 @@ log = logging.getLogger("secagg_roc.site")
 RELEASE_GRACE_S = 2.0
 #: Room for a message's fixed fields, names and framing around its vectors or parameters.
 _SLACK = 64 * 1024
+#: The largest reply to a pushed share, a refusal or an info request (an acknowledgement, an error, the info
+#: JSON that lists the sites).
+SMALL_REPLY_BYTES = 1 << 20
 
 
 class NoRelease(RoundError):
@@ -55,6 +62,11 @@ def feed_reply_limit(config: StudyConfig) -> int:
     """The largest feed reply an honest aggregator sends: its open rounds' queries, each within the limits."""
     query = min(config.max_body_bytes, MAX_STR + 4096)  # the parameters' JSON is one wire string
     return config.max_open_rounds * query + _SLACK
+
+
+def site_reply_limit(config: StudyConfig) -> int:
+    """The largest reply of any kind an honest aggregator sends a site (its client's overall cap)."""
+    return max(feed_reply_limit(config), len(config.sites) * config.max_body_bytes + len(config.sites) * 256 + _SLACK)
 
 
 def release_reply_limit(config: StudyConfig, query: Query) -> int:
