@@ -1,10 +1,13 @@
 """A malicious aggregator attacks REAL site agents: it holds agg-3's real certificate and key, listens on agg-3's
-port (the real agg-3 stopped), and answers the sites' requests with crafted replies. The site agents must not
-crash, not log tracebacks for its inputs, and (Shamir 2-of-3) keep serving the honest aggregators' rounds."""
+port (the real agg-3 stopped), and answers the sites' (and the analyst's) requests with crafted replies. The site
+agents must not crash, not log tracebacks for its inputs, not read more than an honest reply can hold, not answer
+rounds it alone offers, and (Shamir 2-of-3) keep serving the honest aggregators' rounds. What must hold under any
+scheme runs under additive sharing (agg-3 of 3) and pairwise masking (agg-1, the server) too."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
@@ -110,18 +113,41 @@ class EvilAggregator:
         self.thread.join(5)
 
 
+#: scheme -> (aggregators, threshold, the one the attacker holds)
+SCHEMES = {"shamir": (3, 2, "agg-3"), "additive": (3, None, "agg-3"), "pairwise": (1, None, "agg-1")}
+
+
 @pytest.fixture(scope="module")
-def attacked(tmp_path_factory: pytest.TempPathFactory):
-    cl = LocalCluster(tmp_path_factory.mktemp("evil"), make_data(4), n_aggregators=3, scheme="shamir", threshold=2,
-                      round_timeout_s=20.0, policy={"min_cell_count": 1, "allow_non_private": True},
-                      allow_non_private=True, max_body_bytes=1 << 20)  # shares of 1 MiB at most: releases too
-    with cl.start():
-        cl.stop_party("agg-3")
-        evil = EvilAggregator(cl, "agg-3")
-        try:
-            yield cl, evil
-        finally:
-            evil.close()
+def clusters(tmp_path_factory: pytest.TempPathFactory):
+    """Started on first use, one per scheme, each with its attacker in place of one aggregator; stopped at the end."""
+    started: dict[str, tuple[LocalCluster, EvilAggregator]] = {}
+    with contextlib.ExitStack() as stack:
+        def get(scheme: str) -> tuple[LocalCluster, EvilAggregator]:
+            if scheme not in started:
+                n, t, victim = SCHEMES[scheme]
+                cl = LocalCluster(tmp_path_factory.mktemp(f"evil-{scheme}"), make_data(4), n_aggregators=n,
+                                  scheme=scheme, **({} if t is None else {"threshold": t}), round_timeout_s=20.0,
+                                  policy={"min_cell_count": 1, "allow_non_private": True}, allow_non_private=True,
+                                  max_body_bytes=1 << 20)  # shares of 1 MiB at most: releases too
+                stack.enter_context(cl.start())
+                cl.stop_party(victim)
+                evil = EvilAggregator(cl, victim)
+                stack.callback(evil.close)
+                started[scheme] = (cl, evil)
+            return started[scheme]
+        yield get
+
+
+@pytest.fixture
+def attacked(clusters):
+    """2-of-3 Shamir with agg-3 malicious: the honest two still make every round."""
+    return clusters("shamir")
+
+
+@pytest.fixture(params=sorted(SCHEMES))
+def attacked_any(request, clusters):
+    """The malicious aggregator under every scheme the services run (for what must hold under any of them)."""
+    return clusters(request.param)
 
 
 def _wait(predicate, timeout: float = 20.0, what: str = "condition") -> None:
@@ -160,22 +186,23 @@ BAD_FEED_REPLIES: dict[str, bytes] = {
 
 
 @pytest.mark.parametrize("attack", sorted(BAD_FEED_REPLIES))
-def test_a_malicious_feed_reply_neither_crashes_the_site_agent_nor_stops_it_following_that_aggregator(attacked, attack):
-    cluster, evil = attacked
+def test_a_malicious_feed_reply_neither_crashes_the_site_agent_nor_stops_it_following_that_aggregator(attacked_any,
+                                                                                                      attack):
+    cluster, evil = attacked_any
     raw = BAD_FEED_REPLIES[attack]
     evil.reply = lambda m, p, b: raw if p.startswith("/v1/feed") else None
     before = evil.count("/v1/feed")
     _wait(lambda: evil.count("/v1/feed") >= before + 6, what=f"the sites to poll the feed under attack ({attack})")
     evil.reply = empty_feed
     after = evil.count("/v1/feed")
-    # every site still follows agg-3's feed once it behaves (a follower that died would never poll again)
+    # every site still follows the attacker's feed once it behaves (a follower that died would never poll again)
     _wait(lambda: evil.count("/v1/feed") >= after + 2 * len(SITES), what="the sites to poll the feed again")
     assert _alive(cluster)
     assert "Traceback" not in _site_logs(cluster), _site_logs(cluster)[-3000:]
 
 
-def test_feed_entries_that_are_not_queries_or_name_other_rounds_are_ignored_with_one_line(attacked) -> None:
-    cluster, evil = attacked
+def test_feed_entries_that_are_not_queries_or_name_other_rounds_are_ignored_with_one_line(attacked_any) -> None:
+    cluster, evil = attacked_any
     q = make_query(cluster.config.study_id, 5, "sum", {"x": "y"})
     other = make_query("another-study", 9, JOIN, {"run": "r"})
     entries = [(4, b"".join(q.to_buffers())), (9, b"".join(other.to_buffers())), (11, b"\x01\x02\x03")]
@@ -264,21 +291,21 @@ def _peak_rss_mib(cluster: LocalCluster, site: str) -> float:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads peak memory from /proc")
-def test_an_oversized_feed_reply_is_refused_at_its_header_not_read_into_the_site_agent(attacked) -> None:
-    """agg-3 answers feed polls with a 128 MiB body (the client's general cap is 1 GiB); a feed holds at most
-    the open rounds' queries, so each site refuses it at its header, as agg-3's failure, without reading it."""
-    cluster, evil = attacked
+def test_an_oversized_feed_reply_is_refused_at_its_header_not_read_into_the_site_agent(attacked_any) -> None:
+    """The attacker answers feed polls with a 128 MiB body (the client's general cap is 1 GiB); a feed holds at
+    most the open rounds' queries, so each site refuses it at its header, as that aggregator's failure."""
+    cluster, evil = attacked_any
     before = {s: _peak_rss_mib(cluster, s) for s in SITES}
     evil.reply = lambda m, p, b: _oversized(m, p, b) if p.startswith("/v1/feed") else None
     try:
         _wait(lambda: all("exceeds the limit" in cluster.log_text(s) for s in SITES), timeout=30.0,
-              what="every site to report agg-3's oversized feed replies")
+              what="every site to report the oversized feed replies")
     finally:
         evil.reply = empty_feed
     grew = {s: _peak_rss_mib(cluster, s) - before[s] for s in SITES}
     assert all(g < 50 for g in grew.values()), grew
     after = evil.count("/v1/feed")
-    _wait(lambda: evil.count("/v1/feed") >= after + 2 * len(SITES), what="the sites to poll agg-3's feed again")
+    _wait(lambda: evil.count("/v1/feed") >= after + 2 * len(SITES), what="the sites to poll that feed again")
     assert _alive(cluster)
 
 
@@ -310,10 +337,13 @@ def _answers(cluster: LocalCluster, site: str, first: int) -> int:
         return db.execute("SELECT COUNT(*) FROM log WHERE number >= ?", (first,)).fetchone()[0]  # any kind
 
 
-def test_rounds_only_the_malicious_aggregator_offers_are_not_answered(attacked) -> None:
+@pytest.mark.parametrize("scheme, need", [("shamir", 2), ("additive", 3)])
+def test_rounds_only_the_malicious_aggregator_offers_are_not_answered(clusters, scheme, need) -> None:
     """agg-3 alone offers 200 fake rounds within the policy: no site answers (logs, charges) any of them, since
-    2-of-3 Shamir needs two aggregators' offers of a round; the honest aggregators' rounds still complete."""
-    cluster, evil = attacked
+    a round needs as many aggregators' offers as the scheme needs shares (2 of 3 under Shamir, all 3 under
+    additive sharing); under Shamir the honest aggregators' rounds still complete. (Pairwise masking has one
+    server: whatever it offers is offered by every aggregator there is.)"""
+    cluster, evil = clusters(scheme)
     from deploy_client import join_query
 
     first = 1_000_000
@@ -321,7 +351,7 @@ def test_rounds_only_the_malicious_aggregator_offers_are_not_answered(attacked) 
                                    {"label": "y", "score": "score"}).to_buffers()))
                for i in range(200)]
     evil.reply = lambda m, p, b: _feed_with(entries, since=first + 200) if p.startswith("/v1/feed") else None
-    waits = f"round {first + 199} (run.join) offered by agg-3; answered once 2 aggregators offer it"
+    waits = f"round {first + 199} (run.join) offered by agg-3; answered once {need} aggregators offer it"
     try:  # every site reads all 200 (the last one's line says so), and says why it does not answer
         _wait(lambda: all(waits in cluster.log_text(site) for site in SITES), what="the sites to read the fake rounds")
         time.sleep(1.0)  # and a few more polls of agg-3's feed
@@ -329,6 +359,8 @@ def test_rounds_only_the_malicious_aggregator_offers_are_not_answered(attacked) 
         evil.reply = empty_feed
     assert _alive(cluster)
     assert all(_answers(cluster, site, first) == 0 for site in SITES)  # nothing logged: no query, answer, ledger
+    if scheme != "shamir":
+        return  # additive sharing needs agg-3's shares too: nothing completes while it is the attacker's
     # the honest aggregators' rounds still complete, with the embedded study's numbers
     local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
     with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
