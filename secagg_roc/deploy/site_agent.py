@@ -28,15 +28,19 @@ the analyst never opened. For each round it then:
    share is idempotent at the aggregator. A refusal is logged and reported to
    the analyst; its text names the rule, never a data value;
 4. fetches the round's release from every aggregator once it is released
-   (`/v1/release`: only a contributing site gets it), logs it, and hands it to
+   (`/v1/release`: only a contributing site gets it; `site_fetch`), logs it, and hands it to
    `Site.receive_release`, which combines the aggregators' shares itself and
    moves the site's copy of the plan on. The analyst never sends a site
    anything but the rounds.
 
 An aggregator's malformed reply (a bad length, a header over the limit, a
-garbage or wrong-round release, a 5xx) is one log line and counts as that
+garbage or wrong-round release, a 5xx, and under a threshold scheme a 4xx
+error reply to a release request) is one log line and counts as that
 aggregator's absence: the site keeps following it, and under a threshold
-scheme the others' release shares still combine
+scheme the others' release shares still combine. No reply is read beyond
+what an honest aggregator can send (`site_fetch`: a feed, its open rounds'
+queries; a release, one share or, per site, every site's; an acknowledgement,
+1 MiB): a bigger one is refused at its header, as a transport failure
 (`tests/test_attacks_site_agent.py`).
 
 Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
