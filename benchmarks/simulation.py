@@ -62,7 +62,7 @@ def timed_run(path: Path, settings, datasets: int, seed: int, client=None) -> tu
     else:
         c0 = {"self": cpu_seconds()}
     t0 = time.perf_counter()
-    counts = sim.run(path, settings, datasets, master_seed=seed, executor=executor, batch=4)
+    counts = sim.run(path, settings, datasets, master_seed=seed, executor=executor)
     took = time.perf_counter() - t0
     c1 = client.run(cpu_seconds) if client is not None else {"self": cpu_seconds()}
     assert counts["run"] == len(settings) * datasets, counts

@@ -5,10 +5,11 @@ machine) and answers messages. Every round of a site query belongs to a *run*
 of a declared analysis, whose order rules its `RunBook` keeps (`runbook`).
 Before any exact release the aggregator's `DisclosureLog` refuses contributor
 sets that could be differenced against the sets of its earlier releases. A
-release that waits on one more exchange with the sites after its checks
-(pairwise masking's unmask phase) first holds its place (`reserve`): its set
-counts as released for every other close until it is made or its round is
-abandoned, so nothing landing in between can make it refuse. The deployed
+release that waits on one more exchange after its checks (pairwise masking's
+unmask phase; the analyst's closes at the other aggregators of a scheme that
+needs several) first holds its place (`reserve`): its set counts as released
+for every other close until it is made, given back (`unreserve`) or its round
+is abandoned, so nothing landing in between can make it refuse. The deployed
 service wraps this with HTTP and SQLite and feeds it exactly the same messages.
 """
 
@@ -140,7 +141,7 @@ class Aggregator:
         r = self.rounds.get(number)
         if r is not None and r.state is RoundState.OPEN:
             r.abandon()
-            self._unreserve(number)
+            self.unreserve(number)
             self._open.discard(number)
             self.runbook.abandoned(r.query, r.params, number)
             self._settle(number)
@@ -171,8 +172,8 @@ class Aggregator:
         number = r.round_id.number
         held = self.reserved.get(number)
         if held is not None and held[0] != agreed:
-            raise RoundError(f"{r.round_id} is being released over {list(held[0])} (its sites are revealing their "
-                             "unmask shares); it releases over that set only")
+            raise RoundError(f"{r.round_id} is being released over {list(held[0])} (its place is held while it is "
+                             "released); it releases over that set only")
         guarded = False
         if self.runbook.of(r.query, r.params) is not None and r.released_over is None:
             self.runbook.check_close(r.query, r.params, agreed)
@@ -193,8 +194,9 @@ class Aggregator:
     def reserve(self, message: CloseRound) -> None:
         """Every check of `close(message)` now, and hold the release's place: its contributor set counts as
         released for the differencing guard of every other close, and its run is never evicted, until it is
-        released or its round abandoned. Run by an Aggregator whose release waits on one more exchange with
-        the sites (pairwise masking's unmask phase), so that no release in between can make it refuse."""
+        released, given back (`unreserve`) or its round abandoned. Run by an Aggregator whose release waits on
+        one more exchange (pairwise masking's unmask phase; the analyst reserving a round at every aggregator
+        in turn before closing it at any), so that no release in between can make it refuse."""
         guarded, agreed, _ = self.check_close(message)
         r = self.round(message.round_id)
         if r.released_over is not None:
@@ -204,7 +206,8 @@ class Aggregator:
         if run is not None:
             self.runbook.pinned.add(run.run)
 
-    def _unreserve(self, number: int) -> None:
+    def unreserve(self, number: int) -> None:
+        """Give back round `number`'s held place, if any (its release will not come, or not yet)."""
         if self.reserved.pop(number, None) is not None:
             r = self.rounds[number]
             self.runbook.pinned.discard(str(r.params.get("run")))
@@ -215,7 +218,7 @@ class Aggregator:
         r = self.round(message.round_id)
         records = r.site_records(agreed)
         share = r.release_checked(agreed, total)
-        self._unreserve(r.round_id.number)
+        self.unreserve(r.round_id.number)
         self.runbook.closed(r.query, r.params, agreed)
         if guarded:
             self.disclosures.record(records)

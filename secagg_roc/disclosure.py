@@ -52,7 +52,7 @@ class DisclosureLog:
     def problem(self, records: Mapping[str, int], pending: Mapping[int, Mapping[str, int]] | None = None) -> str | None:
         """Why releasing over `records` (site -> record count) could be differenced, or None. `pending`: round
         number -> the contributor set of a release already under way (`Aggregator.reserve`), counted as made:
-        so no release in between can make that one refuse once its sites started revealing unmask shares."""
+        so no release in between can make that one refuse once its place is held."""
         new = dict(records)
         if frozenset(new) in self.released:
             return None  # the same set again: nothing new to subtract
@@ -64,8 +64,9 @@ class DisclosureLog:
             return None
         rounds = ", ".join(str(n) for n in sorted(pending))
         problem = atoms_problem([*self.released.values(), *pending.values(), new], self.min_sites,
-                                self.privacy_level, earlier=f"a release already under way (round {rounds}: its "
-                                "sites are revealing their unmask shares) covers another set of sites")
+                                self.privacy_level, earlier=f"a release already under way (round {rounds}: held "
+                                "while it is made at every aggregator, or while its sites reveal their unmask shares) "
+                                "covers another set of sites")
         return None if problem is None else (f"{problem}; that release holds its place until it is made or its "
                                              "round is abandoned")
 

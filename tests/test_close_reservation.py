@@ -102,7 +102,7 @@ def test_a_competing_close_is_refused_naming_the_round_under_way_and_passes_once
     with pytest.raises(RoundError, match=r"is being released over \['s0'.*that set only"):
         agg.check_close(CloseRound(held.round_id, SITES[:5]))
     competing = _join(agg, 1, SITES[:5], records)
-    with pytest.raises(PolicyError, match=r"under way \(round 0: its sites are revealing their unmask shares\).*"
+    with pytest.raises(PolicyError, match=r"under way \(round 0: held while it is made at every aggregator.*\).*"
                                           r"isolate 1 site.*holds its place until it is made or its round is"):
         agg.close(competing)
     assert agg.rounds[1].released_over is None and agg.disclosures.released == {}

@@ -79,11 +79,12 @@ def test_every_key_round_trips(tmp_path: Path) -> None:
     data = base_study()
     data["study"].update(privacy_level=7, min_sites=2, frac_bits=20, round_timeout_s=12.5,
                          max_body_bytes=4096, max_open_rounds=3, ca_cert="pki/ca.pem",
-                         ca_key="/offline/ca-key.pem")
+                         ca_key="/offline/ca-key.pem", handshake_timeout_s=2.5, max_handshakes_per_address=4)
     data["aggregators"][0].update(cert="a1.crt", key="a1.key", database="db/a1.sqlite")
     data["aggregators"][1]["host"] = "::1"
     original = write_study(data, tmp_path / "one" / "study.toml")
     assert original.frac_bits == 20 and original.round_timeout_s == 12.5
+    assert (original.handshake_timeout_s, original.max_handshakes_per_address) == (2.5, 4)
     assert original.ca_key == Path("/offline/ca-key.pem")
     assert original.aggregators[1].url == "https://[::1]:9002"
     # Written again elsewhere: paths inside the old folder become absolute, and read back equal.
@@ -277,6 +278,9 @@ INVALID = [
     (_set("policy", {"min_sites": 3}), "policy.min_sites: is set once, as study.min_sites"),
     (_set("policy", {"min_cel_count": 3}), "policy: unknown key 'min_cel_count' (known keys here: "),
     (_set("policy", {"min_cell_count": 0}), "policy.min_cell_count: must be at least 1, got 0"),
+    (_set("study.handshake_timeout_s", 0), "study.handshake_timeout_s: must be a finite number > 0, got 0.0"),
+    (_set("study.handshake_timeout_s", 600), "study.handshake_timeout_s: must be at most 120 s"),
+    (_set("study.max_handshakes_per_address", 0), "study.max_handshakes_per_address: must be"),
     (_set("policy", {"allow_dropouts": "yes"}), "policy.allow_dropouts: must be true or false, got a string"),
     # (the known analyses grow with the library: the message is held up to their list)
     (_set("policy", {"analyses": ["glm", "dump"]}), "policy.analyses: unknown analysis 'dump' (known: "),

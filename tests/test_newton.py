@@ -3,6 +3,7 @@ rounds; its start derived from the release by every party, so the analyst cannot
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import numpy as np
@@ -14,6 +15,7 @@ from scipy.special import ndtr, ndtri
 
 import secagg_roc as sr
 from secagg_roc import DPPolicy, Policy, PolicyError
+from secagg_roc.stats import fisher as fisher_module
 from secagg_roc.stats.families import fisher_parts, null_parts
 from secagg_roc.stats.fisher import fisher_scoring, null_deviance, null_deviance_of
 from secagg_roc.stats.rocglm_rows import released_start
@@ -50,8 +52,9 @@ def test_newton_reaches_fishers_and_statsmodels_maximum_from_any_start(seed, a, 
     np.testing.assert_allclose(newton[0], fisher[0], atol=1e-8)
     ref = sm.GLM(resp, X, family=sm.families.Binomial(sm.families.links.Probit()), freq_weights=w).fit(tol=1e-12)
     np.testing.assert_allclose(newton[0], ref.params, atol=1e-7)
-    # The information returned is the expected one (R's and statsmodels' standard errors), not Newton's.
-    np.testing.assert_allclose(np.sqrt(np.diag(np.linalg.inv(newton[1]))), ref.bse, rtol=1e-6)
+    # The information returned is the expected one (R's and statsmodels' standard errors), not Newton's:
+    # as in R's glm.fit, it is the last round's, at most one step of 1e-4 before the estimate (fisher_module.PREDICT_BELOW).
+    np.testing.assert_allclose(np.sqrt(np.diag(np.linalg.inv(newton[1]))), ref.bse, rtol=1e-4)
 
 
 def test_newton_from_zero_takes_fewer_rounds_and_a_start_at_the_maximum_one():
@@ -166,3 +169,50 @@ def test_the_analyst_cannot_move_the_start():
         warnings.simplefilter("ignore")
         with pytest.raises(PolicyError, match="does not follow the plan: its parameter 'beta' differs"):
             sr.roc_glm(study, "y", "score", epsilon=None)
+
+
+
+@contextlib.contextmanager
+def _predicting_below(limit: float):
+    """Newton's predicted stop with another bound (0: never predicted, every fit confirmed by one more round)."""
+    old, fisher_module.PREDICT_BELOW = fisher_module.PREDICT_BELOW, limit
+    try:
+        yield
+    finally:
+        fisher_module.PREDICT_BELOW = old
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 10_000), st.floats(-1.5, 1.5), st.floats(-1.5, 1.5))
+def test_newton_skips_only_the_confirming_round_and_reports_the_last_rounds_information(seed, a, b):
+    """The predicted stop saves at most the one round that would only confirm the maximum: against a fit that
+    runs until a step is below 1e-10 it ends within 1e-9, and its information is the last evaluated round's."""
+    resp, X, w = _grouped_probit(seed)
+    runs = {}
+    for name, limit in (("predicted", fisher_module.PREDICT_BELOW), ("confirmed", 0.0)):
+        seen = []
+
+        def evaluate(beta):
+            seen.append(beta.copy())
+            return fisher_parts(resp, X, w, beta, "probit", observed=True)
+
+        with _predicting_below(limit), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs[name] = (fisher_scoring(evaluate, 2, start=np.array([a, b])), seen)
+    (got, seen), (full, full_seen) = runs["predicted"], runs["confirmed"]
+    assert got[4] and full[4]
+    assert len(full_seen) - 1 <= len(seen) <= len(full_seen)
+    np.testing.assert_allclose(got[0], full[0], atol=1e-9, rtol=0)
+    _, info, dev = fisher_parts(resp, X, w, seen[-1], "probit")
+    np.testing.assert_array_equal(got[1], info)
+    assert got[2] == dev
+
+
+def test_newton_from_a_start_off_the_maximum_usually_saves_the_confirming_round():
+    resp, X, w = _grouped_probit(11)
+    saved = 0
+    for start in ([0.0, 0.0], [0.3, 0.8], [1.0, 1.0], [-0.5, 2.0]):
+        with _predicting_below(0.0):
+            confirmed = _fit(resp, X, w, newton=True, start=np.array(start))[3]
+        saved += confirmed - _fit(resp, X, w, newton=True, start=np.array(start))[3]
+    assert saved >= 3  # one round fewer from (almost) every start

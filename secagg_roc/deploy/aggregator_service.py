@@ -29,7 +29,12 @@ does, and adds what a deployment needs around it:
   a connection idle without a request head, or not reading its replies (or slower
   than 1 MB/s), is closed after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
   ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
-  line (`connection_guard`);
+  line (`connection_guard`); a TLS handshake not finished within
+  ``handshake_timeout_s`` (5 s) is dropped, and so is a connection from an address
+  that has ``max_handshakes_per_address`` (32) unfinished already (`tls_listen`);
+- a round closed at several aggregators is first reserved at each in turn
+  (``/v1/reserve``: its place held, `reservations`), so that a competing close
+  cannot leave it released at some aggregators only;
 - at the default log level: failed TLS handshakes (`tls_errors`), revoked
   certificates (`revocation`), a site running two agents, and when each
   site last polled (`site_presence`, ``/v1/presence``).
@@ -70,6 +75,7 @@ from .http_protocol import (
     int_param,
 )
 from .pairwise_routes import add_routes, before_close
+from .reserve_routes import add_routes as add_reserve_routes, expire as expire_reservations
 from .party_process import announce, hold_lock, listen_problem, stop_event
 from .pki import PartyIdentity
 from .pooled_bodies import POOL_BYTES
@@ -79,6 +85,7 @@ from .site_presence import SitePresence
 from .store import Store
 from .tls import AuthError, authorize, peer_identity, server_ssl_context
 from .tls_errors import log_failed_handshakes
+from .tls_listen import GuardedTLSSite
 
 __all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S", "ABANDON_FACTOR", "RETAIN_RELEASED"]
 
@@ -148,14 +155,17 @@ class AggregatorService:
         app.router.add_get("/v1/info", self._info)
         app.router.add_get("/v1/presence", self._presence)
         add_routes(self, app)  # the sites' phases of pairwise masking (none under the other schemes)
+        add_reserve_routes(self, app)  # the analyst's held places (under every other scheme)
         idle = idle_timeout_s(self.config.round_timeout_s)
         self._stalled = StalledWrites(idle, log)
         self._crowds = PartyConnections(connections_per_party(self.config.max_open_rounds), log)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=idle,
-                                     logger=HttpLog(logging.getLogger("aiohttp.server"), {}))
+                                     logger=HttpLog(logging.getLogger("aiohttp.server"), {}), shutdown_timeout=2.0)
         await self._runner.setup()
         host, port = self.agg_config.listen
-        site = web.TCPSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, shutdown_timeout=2.0)
+        site = GuardedTLSSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, log=log,
+                              handshake_timeout_s=self.config.handshake_timeout_s,
+                              max_handshakes_per_address=self.config.max_handshakes_per_address)
         try:
             await site.start()
         except OSError as exc:
@@ -249,6 +259,7 @@ class AggregatorService:
                     transports = [h.transport for h in self._runner.server.connections]
                     self._stalled.sweep(transports)
                     self._crowds.sweep(transports)
+                await expire_reservations(self)  # places held past the round timeout are given back
                 for number in self.state.expired(time.time(), timeout):
                     query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(
                         self.state.answered(number))

@@ -4,7 +4,8 @@ Run by each Aggregator inside its service (`aggregator_service`). The state is
 built only from accepted messages: the core round state machine
 (`aggregator.Aggregator`: runs, their contributor sets, the differencing
 guard), which analyst number stands for which round, the feed the sites poll,
-the sites' refusals and the abandoned rounds. Live requests and the replay of
+the sites' refusals, the abandoned rounds and the places the analyst's
+reservations hold (`reservations`). Live requests and the replay of
 the log on start (`compaction.replay`) go through the same
 `AggregatorState.apply`, so a restarted aggregator holds exactly what it held
 before. Only the last `KEEP_SETTLED` settled rounds are held (and those the
@@ -33,6 +34,7 @@ from ..queries.run import JOIN
 from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
 from .pairwise_relay import PREFIX as PAIRWISE, PairwiseRelay
+from .reservations import RESERVE, UNRESERVE, Reservations
 
 __all__ = ["AggregatorState", "Applied", "parse_refusal", "ABANDON_FACTOR", "RETAIN_RELEASED", "KEEP_SETTLED",
            "MAX_NUMBER_GAP"]
@@ -109,6 +111,8 @@ class AggregatorState:
         self.feed_len = 0
         #: The server side of pairwise masking's phases (None under the other schemes).
         self.pairwise = PairwiseRelay(self) if self.scheme.name == "pairwise" else None
+        #: The places the analyst's reservations hold (the first phase of a multi-aggregator close).
+        self.reservations = Reservations(self)
 
     # -- queries about the state -------------------------------------------------
 
@@ -241,12 +245,17 @@ class AggregatorState:
             if unmask is not None:
                 reply = unmask(reply)
             if before is None:
+                self.reservations.settled(r.round_id.number)
                 self._forget_retired()
             return Applied(reply, before is None)
         if kind == "refusal":
             return self._refusal(party, message)
         if kind == "abandon":
             return self._abandon(number)
+        if kind == RESERVE:
+            return Applied(*self.reservations.reserve(message, at))
+        if kind == UNRESERVE:
+            return Applied(None, self.reservations.unreserve(message, number))
         if kind.startswith(PAIRWISE) and self.pairwise is not None:
             return Applied(None, self.pairwise.apply(kind, number, party, at, body))
         raise MessageError(f"unknown log entry kind {kind!r}")
@@ -312,6 +321,7 @@ class AggregatorState:
         self.abandoned.add(number)
         # Free the shares and the open-round slot; the number stays used (self.numbers) for ever; its run fails.
         self.core.abandon(number)
+        self.reservations.settled(number)
         self.refusals.pop(number, None)
         self._forget_retired()
         return Applied(None, True)

@@ -25,7 +25,10 @@ retired-number watermark (a number at or below it never opens again); the
 feed's open entries and length (the sites' cursors stay valid). A pairwise
 round's held release place (`Aggregator.reserve`) is not in it: that open
 round's logged ``pairwise:close`` stays in the log and re-derives it (every
-release since was checked with the place held, so it holds again).
+release since was checked with the place held, so it holds again). The places
+the analyst's reservations hold (`reservations`) are in it, with when each was
+taken, so they expire when they would have; their ``reserve`` and
+``unreserve`` entries go.
 
 `replay` restores the snapshot, then applies the remaining entries through
 `AggregatorState.apply` as before: the open rounds' shares, the held releases
@@ -62,7 +65,7 @@ SNAPSHOT_FORMAT = "aggregator-snapshot-v1"
 COMPACT_EVERY = 32
 COMPACT_BYTES = 32 << 20
 #: Log kinds whose entries name a round (their ``number`` column is the round's number).
-_ROUND_KINDS = ("query", "share", "close", "refusal", "abandon", "release")
+_ROUND_KINDS = ("query", "share", "close", "refusal", "abandon", "release", "reserve", "unreserve")
 
 
 def snapshot_of(state: AggregatorState, upto: int) -> dict[str, Any]:
@@ -95,6 +98,7 @@ def snapshot_of(state: AggregatorState, upto: int) -> dict[str, Any]:
         "release_order": list(core._release_order),
         "settled": list(core._settled),
         "retired_max": core.retired_max,
+        "reservations": state.reservations.snapshot(),
     }
 
 
@@ -137,6 +141,7 @@ def restore(state: AggregatorState, snap: dict[str, Any]) -> None:
     core._release_order = [int(n) for n in snap["release_order"]]
     core._settled.extend(int(n) for n in snap["settled"])
     core._retired_max = int(snap["retired_max"])
+    state.reservations.restore(snap.get("reservations", []))  # (none in a snapshot of an older build)
 
 
 def _restore_release(state: AggregatorState, entry: LogEntry) -> None:

@@ -100,6 +100,11 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
     round_timeout_s = s.number("round_timeout_s", 300.0)
     max_body_bytes = s.integer("max_body_bytes", DEFAULT_MAX_BODY_BYTES, lo=1024)
     max_open_rounds = s.integer("max_open_rounds", 16, lo=1)
+    handshake_timeout_s = s.number("handshake_timeout_s", 5.0)
+    if handshake_timeout_s > 120:
+        raise s.error(f"must be at most 120 s (a handshake takes milliseconds), got {handshake_timeout_s:g}",
+                      "handshake_timeout_s")
+    max_handshakes = s.integer("max_handshakes_per_address", 32, lo=1)
     scheme = s.string("scheme") if s.has("scheme") else "additive"
     if scheme not in DEPLOYED_SCHEMES:
         raise s.error(f"{scheme!r} is not a scheme a deployed study runs; one of {', '.join(DEPLOYED_SCHEMES)} "
@@ -204,7 +209,8 @@ def parse_study(data: Mapping[str, Any], base_dir: str | os.PathLike[str], *,
 
     return StudyConfig(study_id, ca_cert, ca_key, tuple(aggregators), tuple(sites), analyst,
                        q, min_sites, frac_bits, round_timeout_s, max_body_bytes,
-                       max_open_rounds, scheme, threshold, policy, ca_crl, source=source)
+                       max_open_rounds, handshake_timeout_s, max_handshakes, scheme, threshold, policy, ca_crl,
+                       source=source)
 
 
 def load_study(path: str | os.PathLike[str]) -> StudyConfig:

@@ -199,6 +199,10 @@ class StudyConfig:
     round_timeout_s: float = 300.0
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     max_open_rounds: int = 16
+    #: Seconds an aggregator waits for a client's TLS handshake to finish before it drops the connection.
+    handshake_timeout_s: float = 5.0
+    #: TLS handshakes one peer address may have unfinished at an aggregator at once (beyond: dropped at once).
+    max_handshakes_per_address: int = 32
     #: The sharing scheme every party uses: "additive" (N-of-N), "shamir" (`threshold`-of-N), "replicated", or
     #: "pairwise" (one aggregator as the server of pairwise masking; `threshold` sites of each round).
     scheme: str = "additive"

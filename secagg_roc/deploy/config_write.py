@@ -47,6 +47,9 @@ def study_to_dict(config: StudyConfig, base_dir: str | os.PathLike[str]) -> dict
         "round_timeout_s": float(config.round_timeout_s),
         "max_body_bytes": config.max_body_bytes,
         "max_open_rounds": config.max_open_rounds,
+        **({"handshake_timeout_s": float(config.handshake_timeout_s)} if config.handshake_timeout_s != 5.0 else {}),
+        **({"max_handshakes_per_address": config.max_handshakes_per_address}
+           if config.max_handshakes_per_address != 32 else {}),
         **({"scheme": config.scheme} if config.scheme != "additive" else {}),
         **({"threshold": config.threshold} if config.threshold is not None else {}),
     }

@@ -24,6 +24,11 @@ checked from the peer's certificate on every request)::
     GET  /v1/feed        site; ?since=SEQ&wait=SECONDS; reply feed: the open rounds after SEQ
                          this site has not answered (a run's join to every site, its later
                          rounds only to the run's contributors); long-polls when there are none
+    POST /v1/reserve     analyst, under every scheme but "pairwise": body the round's CloseRound;
+                         every check of that close, then its place held (`reservations`);
+                         reply RoundStatus over the set held. The analyst reserves at every
+                         aggregator in order before it closes anywhere (`close_order`)
+    POST /v1/unreserve   analyst; body the CloseRound it reserved with; the place given back; 204
     POST /v1/pairwise    site, under scheme = "pairwise" only: its key agreement's messages and its
     GET  /v1/pairwise    unmask answer; and a long poll for the server's messages to it (`pairwise_routes`)
     GET  /v1/info        any party of the study; JSON: study, aggregator, index, next_number,

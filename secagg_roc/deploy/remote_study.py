@@ -11,10 +11,10 @@ policy and DP seed. Both run one round:
     check it against their policy and their copy of the run's plan, and submit
     shares or refuse -> wait until every site the round expects submitted
     everywhere (or refused, or the round deadline) -> RoundStatus from every
-    aggregator -> agreed contributors (intersection) -> CloseRound to every
-    aggregator -> `AggregateShare`s, combined into the totals (`combine`), or,
-    for a per-site DP round, `ForwardedShares`, combined into each site's
-    values (`combine_forwarded`).
+    aggregator -> agreed contributors (intersection) -> CloseRound reserved at
+    every aggregator in turn, then sent to each (`close_order`) -> `AggregateShare`s,
+    combined into the totals (`combine`), or, for a per-site DP round,
+    `ForwardedShares`, combined into each site's values (`combine_forwarded`).
 
 Every contributing site fetches the same release from the aggregators and
 moves its own copy of the plan on; the analyst sends the sites nothing but
@@ -60,6 +60,7 @@ from ..plans import Step
 from ..queries import canonical_params, lookup, query_digest
 from ..queries.run import JOIN
 from ..study import Study, Totals
+from .close_order import reserve_then_close
 from .quorum import gather_quorum
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
@@ -336,6 +337,12 @@ class RemoteStudy(Study):
                 self._next_number = None
         raise AssertionError("unreachable")
 
+    async def _close(self, close: CloseRound, deadline: float) -> list[Any]:
+        """Close at every aggregator: with several, reserved at each in order first (`close_order`)."""
+        return await reserve_then_close(self.clients, close, need=self.scheme.threshold, absent=self._absent,
+                                        deadline=asyncio.get_running_loop().time() + (deadline - time.monotonic()),
+                                        grace=QUORUM_GRACE_S)
+
     def _contributors(self, query: Query, statuses: list[RoundStatus]) -> tuple[str, ...]:
         """The contributor set to close over: the sites every aggregator accepted (as the embedded analyst)."""
         return agree_contributors(statuses)
@@ -372,7 +379,7 @@ class RemoteStudy(Study):
             notes += f" (refused: {'; '.join(r.text for r in refusals.values())})"
         close = CloseRound(rid, contributors)
         try:
-            shares = await self._all(lambda c: c.send(close), deadline + self.round_timeout_s, f"close {rid}")
+            shares = await self._close(close, deadline + self.round_timeout_s)
         except (PrivacyError, RoundError) as exc:  # PolicyError included
             raise type(exc)(f"{exc}{notes}") from None
         kind = ForwardedShares if per_site else AggregateShare

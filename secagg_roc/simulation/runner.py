@@ -15,6 +15,7 @@ pooled records (`pooled`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -22,12 +23,16 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+import numpy as np
+
 from .design import N_SITES, Setting, dataset, paper_grid, split_sites, task_rng
 
 __all__ = ["FORMAT", "ResultsFileError", "design_header", "pending_tasks", "read_results", "run", "run_task",
            "run_tasks"]
 
 FORMAT = "secagg-roc-simulation/1"
+#: The most tasks a worker runs at a time (by default): ~1 s of work.
+MAX_BATCH = 64
 #: A task: (setting index, data-set index).
 Task = tuple[int, int]
 
@@ -47,19 +52,29 @@ def _clean(value: float) -> float | None:
     return None if value is None or not math.isfinite(value) else float(value)
 
 
+@functools.lru_cache(maxsize=4)
+def pooled_reference(master_seed: int, index: int,
+                     alpha: float) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
+    """Data set `index` (read-only labels and scores) and its empirical (lower, AUC, upper): the same under
+    every setting, so computed once for the settings that follow one another (tasks run data set by data set)."""
+    from .. import pooled
+
+    y, s = dataset(master_seed, index)
+    y.flags.writeable = s.flags.writeable = False
+    return y, s, pooled.delong_ci_logit(y, s, alpha)
+
+
 def run_task(master_seed: int, setting: Setting, index: int, *, n_sites: int = N_SITES, mechanism: str = "classic",
              ties: str = "strict", alpha: float = 0.05) -> dict[str, Any]:
     """One data set under one setting: empirical and distributed AUC and CI, as a JSON-ready record."""
-    from .. import pooled
     from ..policy import DPPolicy, Policy
     from ..stats.rocglm import roc_glm
     from ..study import Study
 
-    y, s = dataset(master_seed, index)
+    y, s, (lo_e, auc_e, hi_e) = pooled_reference(master_seed, index, alpha)
     rng = task_rng(master_seed, setting, index)
     sites = split_sites(y, s, rng, n_sites)
     noise_seed = int(rng.integers(0, 2**63 - 1))
-    lo_e, auc_e, hi_e = pooled.delong_ci_logit(y, s, alpha)
     rec: dict[str, Any] = {"setting": setting.index, "index": index, "n": int(y.size), "n_pos": int(y.sum()),
                            "auc_emp": auc_e, "ci_emp": [lo_e, hi_e]}
     roles = {"label": ["y"], "score": ["score"]}
@@ -134,9 +149,10 @@ def check_header(path: str | os.PathLike, found: dict[str, Any], wanted: dict[st
 
 
 def pending_tasks(settings: Iterable[Setting], datasets: int, done: Iterable[dict[str, Any]]) -> list[Task]:
-    """The (setting, index) pairs of the selection not yet in `done`, in grid order."""
+    """The (setting, index) pairs of the selection not yet in `done`: data set by data set, each under every
+    setting in grid order (so a part of the grid covers every setting, and a data set is made once)."""
     have = {(r["setting"], r["index"]) for r in done}
-    return [(s.index, i) for s in settings for i in range(datasets) if (s.index, i) not in have]
+    return [(s.index, i) for i in range(datasets) for s in settings if (s.index, i) not in have]
 
 
 def chunks(tasks: Sequence[Task], size: int) -> list[list[Task]]:
@@ -156,7 +172,7 @@ def run(
     ties: str = "strict",
     alpha: float = 0.05,
     executor: Callable[[list[list[Task]], dict[str, Any]], Iterator[list[dict[str, Any]]]] | None = None,
-    batch: int = 8,
+    batch: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:
     """Run every task of `settings` x range(`datasets`) not yet in the results file `out`.
@@ -164,8 +180,10 @@ def run(
     `resume` continues an existing file of the same design (else an existing
     file with results is refused); `executor` maps batches of tasks to their
     records (default: in this process, in order; `dask_backend.dask_executor`
-    spreads them over Dask workers); `progress(done, total)` is called after
-    each batch. Returns counts: total, skipped (already done), run, failed.
+    spreads them over Dask workers); `batch` tasks go to a worker at a time
+    (default: up to 64, fewer in a small run so that every worker gets some);
+    `progress(done, total)` is called after each batch. Returns counts:
+    total, skipped (already done), run, failed.
     """
     path = Path(out)
     wanted = design_header(master_seed, n_sites=n_sites, mechanism=mechanism, ties=ties, alpha=alpha)
@@ -177,6 +195,10 @@ def run(
                                    "to continue it, or choose another output")
     total = len(settings) * datasets
     todo = pending_tasks(settings, datasets, records)
+    if batch is None:
+        # A batch is one Dask task (~10 ms of scheduling and transfer each, measured): large batches, but at
+        # least 8 of them, so that the workers of a small run share it.
+        batch = max(1, min(MAX_BATCH, -(-len(todo) // 8)))
     counts = {"total": total, "skipped": total - len(todo), "run": 0, "failed": 0}
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "r+b" if path.exists() else "wb") as fh:
