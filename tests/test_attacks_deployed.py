@@ -847,15 +847,15 @@ def test_a_different_query_at_each_aggregator_under_one_round_number_releases_no
     n = next_number(cl)
     one = _open_join(cl, n, "split-1", aggs=(0,))
     other = _open_join(cl, n, "split-2", aggs=(1,))  # the same number, another run: agg-2 has no way to know
-    # Each site answers whichever of the two it sees first, and never the other one.
+    # Each query is offered by one of the two aggregators additive sharing needs: no site answers either.
+    offered = [f"round {n} (run.join) offered by {a}; answered once 2 aggregators offer it" for a in ("agg-1", "agg-2")]
     end = time.monotonic() + 15.0
-    while True:
-        at_1 = set(analyst(cl, 0, lambda c: c.send(StatusRequest(one.round_id))).accepted)
-        at_2 = set(analyst(cl, 1, lambda c: c.send(StatusRequest(other.round_id))).accepted)
-        if at_1 | at_2 == set(cl.site_names) or time.monotonic() > end:
-            break
-        time.sleep(0.02)
-    assert at_1 | at_2 == set(cl.site_names) and not at_1 & at_2
+    while not all(o in cl.log_text(s) for o in offered for s in cl.site_names) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert all(o in cl.log_text(s) for o in offered for s in cl.site_names)
+    at_1 = set(analyst(cl, 0, lambda c: c.send(StatusRequest(one.round_id))).accepted)
+    at_2 = set(analyst(cl, 1, lambda c: c.send(StatusRequest(other.round_id))).accepted)
+    assert not at_1 and not at_2
     # Neither aggregator holds the other's round: no share of either query can ever be combined.
     with pytest.raises(RoundError, match="already used for another query"):
         analyst(cl, 1, lambda c: c.send(one))
@@ -874,8 +874,9 @@ def test_a_different_query_at_each_aggregator_under_one_round_number_releases_no
 
 
 def test_a_step_opened_under_another_number_at_each_aggregator_never_combines(strict) -> None:
-    """A race between 'concurrent' rounds of one step at different aggregators: every site answers both (the
-    same values, split twice), but no aggregator opens the other number, and the halves do not add up."""
+    """A race between 'concurrent' rounds of one step at different aggregators: each is offered by one of the
+    two aggregators additive sharing needs, so no site answers either; no aggregator opens the other number,
+    and neither closes: nothing is released, and no site's ledger records the step."""
     cl = strict
     with cl.study() as study:
         truth = sr.brier_score(study, "y", "score")
@@ -889,39 +890,43 @@ def test_a_step_opened_under_another_number_at_each_aggregator_never_combines(st
     at_2 = make_query(cl.config.study_id, n + 2, "calibration.brier", params)
     analyst(cl, 0, lambda c: c.send(at_1))
     analyst(cl, 1, lambda c: c.send(at_2))
-    wait_answers(cl, at_1.round_id, cl.site_names, j=0)
-    wait_answers(cl, at_2.round_id, cl.site_names, j=1)
+    offered = [f"round {n + 1} (calibration.brier) offered by agg-1; answered once 2 aggregators offer it",
+               f"round {n + 2} (calibration.brier) offered by agg-2; answered once 2 aggregators offer it"]
+    end = time.monotonic() + 15.0
+    while not all(o in cl.log_text(s) for o in offered for s in cl.site_names) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert all(o in cl.log_text(s) for o in offered for s in cl.site_names)
     # Neither aggregator opens the step again under the other number.
     with pytest.raises(PolicyError, match="run 'race' is at step 1: step 1 may open only after step 0"):
         analyst(cl, 1, lambda c: c.send(at_1))
     with pytest.raises(PolicyError, match="run 'race' is at step 1"):
         analyst(cl, 0, lambda c: c.send(at_2))
-    halves = [analyst(cl, 0, lambda c: c.send(CloseRound(at_1.round_id, tuple(cl.site_names)))),
-              analyst(cl, 1, lambda c: c.send(CloseRound(at_2.round_id, tuple(cl.site_names))))]
-    with pytest.raises(CombineError, match="disagree on round_id"):
-        combine(halves, _scheme(cl))
-    # An analyst that adds the two halves anyway gets noise, not the total (each site split its answer twice).
-    summed = _scheme(cl).combine({h.aggregator: h.vector for h in halves})
-    garbage = halves[0].encoding.decode(summed)[0]
-    assert abs(garbage / truth.n_records - float(truth)) > 1e-3
-    # Every site recorded the step once in its ledger (the same quantity, run and step).
-    for site in cl.site_names:
-        assert len([e for rel in site_ledger(cl, site).exact.values() for e in rel.values() if e.run == "race"]) == 1
+    for j, q in ((0, at_1), (1, at_2)):  # no site answered: nothing to close over
+        with pytest.raises(RoundError, match="no share from"):
+            analyst(cl, j, lambda c: c.send(CloseRound(q.round_id, tuple(cl.site_names))))
+    assert truth.n_records > 0
+    for site in cl.site_names:  # no site's ledger records the step
+        assert not [e for rel in site_ledger(cl, site).exact.values() for e in rel.values() if e.run == "race"]
 
 
 def test_run_ids_are_used_once_at_every_aggregator_and_every_site(strict) -> None:
+    """Each aggregator refuses a second join of a run it opened. A second join only an aggregator that never saw
+    the run offers is answered by no site (additive sharing needs both aggregators' offers); the sites' own
+    check, a run id they joined is refused, is proved in-process (test_site_compaction, test_attacks_newton)."""
     cl = strict
     n = next_number(cl)
-    first = _open_join(cl, n, "once", aggs=(0,))
-    wait_answers(cl, first.round_id, cl.site_names, j=0)
-    with pytest.raises(PolicyError, match="run 'once' was started before; a run id is used once"):
-        _open_join(cl, n + 1, "once", aggs=(0,))
-    # agg-2 never saw the run: it opens the second join, and every site refuses it.
-    second = _open_join(cl, n + 1, "once", analysis="calibration", args={"label": "y", "score": "score"}, aggs=(1,))
-    _, refusals = wait_answers(cl, second.round_id, cl.site_names, j=1)
-    assert sorted(refusals) == cl.site_names
-    assert all(r.code == "PolicyError" and "run 'once' was started before; a run id is used once" in r.text
-               for r in refusals.values())
+    first = _open_join(cl, n, "once")
+    wait_answers(cl, first.round_id, cl.site_names)
+    for j in (0, 1):
+        with pytest.raises(PolicyError, match="run 'once' was started before; a run id is used once"):
+            _open_join(cl, n + 1, "once", aggs=(j,))
+    other = _open_join(cl, n + 1, "twice", aggs=(1,))  # a run agg-1 does not know: offered by agg-2 alone
+    waits = f"round {n + 1} (run.join) offered by agg-2; answered once 2 aggregators offer it"
+    end = time.monotonic() + 15.0
+    while not all(waits in cl.log_text(s) for s in cl.site_names) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert all(waits in cl.log_text(s) for s in cl.site_names)
+    assert not analyst(cl, 1, lambda c: c.send(StatusRequest(other.round_id))).accepted
 
 
 def test_releases_go_only_to_contributing_sites_and_never_through_the_sites_endpoint_to_the_analyst(lenient) -> None:
@@ -949,10 +954,18 @@ def test_releases_go_only_to_contributing_sites_and_never_through_the_sites_endp
     # The sites cannot combine the join's release: none of them answers the run's next step.
     step = make_query(cl.config.study_id, n + 1, "calibration.brier",
                       {"run": "two-sets", "step": 1, "label": "y", "score": "score", "score_range": [0.0, 1.0]})
-    analyst(cl, 0, lambda c: c.send(step))  # agg-1's run is over every site
-    _, refusals = wait_answers(cl, step.round_id, everyone, j=0)
-    assert sorted(refusals) == list(everyone)
+    analyst(cl, 0, lambda c: c.send(step))  # agg-1's run is over every site, agg-2's over {a, b}: both offer
+    analyst(cl, 1, lambda c: c.send(step))  # the step to a and b (a site answers only what both offer)
+    _, refusals = wait_answers(cl, step.round_id, ("site-a", "site-b"), j=0)
+    assert sorted(refusals) == ["site-a", "site-b"]
     assert all("run 'two-sets' has not received its join release yet" in r.text for r in refusals.values())
+    # agg-2 offers c and d nothing of a run it closed without them: offered by agg-1 alone, they answer nothing.
+    waits = f"round {n + 1} (calibration.brier) offered by agg-1; answered once 2 aggregators offer it"
+    end = time.monotonic() + 15.0
+    while not all(waits in cl.log_text(s) for s in ("site-c", "site-d")) and time.monotonic() < end:
+        time.sleep(0.05)
+    assert all(waits in cl.log_text(s) for s in ("site-c", "site-d"))
+    assert not analyst(cl, 0, lambda c: c.send(StatusRequest(step.round_id))).accepted
     assert_no_differencing(cl, LENIENT_SIZES)
 
 

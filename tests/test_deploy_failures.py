@@ -138,18 +138,25 @@ def test_kill_9_an_aggregator_mid_round_and_mid_run(cluster, local) -> None:
 
 def test_kill_9_a_site_agent_between_its_two_shares(cluster, local) -> None:
     """A restarted site re-sends the shares whose split it logged (re-created from its data with the
-    logged seeds and checked against the logged digests); new random shares would give a wrong total."""
+    logged seeds and checked against the logged digests); new random shares would give a wrong total.
+    Additive sharing needs both aggregators, so a site answers a round once both offered it: agg-1 offers
+    the join and goes down, agg-2 offers it, and site-a's share for agg-1 cannot be delivered."""
     ensure_running(cluster, "agg-1", "agg-2", *SIZES)
     with cluster.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
         study.info()  # (a new client asks every aggregator for the next free round number: do it while all are up)
-        cluster.kill("agg-2")  # site-a's share of the join for agg-2 cannot be delivered now
+        cluster.kill("agg-2")  # agg-1 alone offers the join: not yet enough for site-a to answer
         future = pool.submit(sr.brier_score, study, "y", "score")
         number = wait_for(lambda: open_round(cluster, 0), what="the join to open at agg-1")
+        offered = f"round {number} (run.join) offered by agg-1; answered once 2 aggregators offer it"
+        wait_for(lambda: offered in cluster.log_text("site-a"), what="site-a to read agg-1's offer")
+        assert not site_log(cluster, "site-a", "answer", number)
+        cluster.kill("agg-1")  # it offered the join, and now cannot take site-a's share
+        cluster.start_party("agg-2")  # the analyst opens the join there: the second offer, and site-a answers
         rid = logged_query(cluster, "site-a", number).round_id
-        wait_for(lambda: "site-a" in accepted(cluster, 0, rid), what="site-a's share at agg-1")
+        wait_for(lambda: "site-a" in accepted(cluster, 1, rid), what="site-a's share at agg-2")
         cluster.kill("site-a")
         cluster.start_party("site-a")
-        cluster.start_party("agg-2")
+        cluster.start_party("agg-1")
         brier = future.result(timeout=90)
     assert brier == sr.brier_score(local, "y", "score") and brier.contributors == tuple(SIZES)
     assert len(site_log(cluster, "site-a", "answer", number)) == 1  # computed once, sent twice

@@ -87,19 +87,27 @@ def _wait(predicate, timeout: float = 30.0, what: str = "condition"):
 
 
 def test_a_site_killed_between_its_shamir_shares_recreates_them_from_its_logged_seeds(shamir) -> None:
+    """2-of-3: a site answers a round once two aggregators offered it (agg-2, then agg-1), but agg-2 is down by
+    then and agg-3 never came, so site-a's share reaches agg-1 only. Killed and restarted, site-a re-creates the
+    undelivered shares from the seeds it logged, and the round completes with the embedded study's number."""
     local = embedded(shamir, scheme="shamir", n_aggregators=3, threshold=2)
     with shamir.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
         study.info()
-        shamir.kill("agg-2")  # two of three down: the round waits (2-of-3 needs two), and site-a's shares
-        shamir.kill("agg-3")  # for them cannot be delivered now
+        shamir.kill("agg-1")  # agg-2 alone is up: the join opens there, and the analyst waits for a second one
+        shamir.kill("agg-3")
         future = pool.submit(sr.brier_score, study, "y", "score")
-        number = _wait(lambda: _open_round(shamir, 0), what="the join to open at agg-1")
+        number = _wait(lambda: _open_round(shamir, 1), what="the join to open at agg-2")
+        offered = f"round {number} (run.join) offered by agg-2; answered once 2 aggregators offer it"
+        _wait(lambda: offered in shamir.log_text("site-a"), what="site-a to read agg-2's offer")
+        assert not _site_log(shamir, "site-a", "answer", number)  # one aggregator's offer is not enough
+        shamir.kill("agg-2")  # it offered the round, and now cannot take site-a's share
+        shamir.start_party("agg-1")  # the analyst opens the join there too: the second offer
         body = _wait(lambda: _site_log(shamir, "site-a", "answer", number) or None, what="site-a's answer")
         record = json.loads(body[0])
         _wait(lambda: "site-a" in call_as(shamir, shamir.config.analyst.name, 0,
                                           lambda c: c.send(StatusRequest(_rid(record)))).accepted,
               what="site-a's share at agg-1")
-        shamir.kill("site-a")
+        shamir.kill("site-a")  # between its shares: agg-2's and agg-3's are not delivered
         shamir.start_party("site-a")
         shamir.start_party("agg-2")
         shamir.start_party("agg-3")

@@ -159,10 +159,13 @@ class AggregatorClient:
         content_type: str = MESSAGE_TYPE,
         timeout: float = 60.0,
         pooled: bool = False,
+        limit: int | None = None,
     ) -> Response:
         """Send one request and return the response (any status). `TransportError` if it fails.
 
-        With `pooled`, a large successful response body is a read-only view of a recycled buffer."""
+        With `pooled`, a large successful response body is a read-only view of a recycled buffer. `limit`:
+        the largest response body this request may legitimately get (`max_response_bytes` if None); a bigger
+        one is refused as soon as its length is known, as a transport failure."""
         bufs: Sequence[Any] = [] if body is None else ([body] if isinstance(body, (bytes, bytearray, memoryview)) else body)
         length = sum(len(memoryview(b).cast("B")) for b in bufs)
         head = (
@@ -181,7 +184,7 @@ class AggregatorClient:
             else:
                 reused = True
             try:
-                return await asyncio.wait_for(self._exchange(conn, head, bufs, pooled), timeout)
+                return await asyncio.wait_for(self._exchange(conn, head, bufs, pooled, limit), timeout)
             except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError, OSError, asyncio.TimeoutError,
                     asyncio.LimitOverrunError, ValueError) as exc:
                 # ValueError and LimitOverrunError: a malformed reply (a length that is no number, a header
@@ -206,12 +209,16 @@ class AggregatorClient:
         *,
         content_type: str = MESSAGE_TYPE,
         timeout: float = 60.0,
+        limit: int | None = None,
     ) -> Response:
         """Like `request`, over a blocking TLS socket in a worker thread (for large bodies)."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(None, self._bulk.request, method, path, list(body), content_type, timeout)
+        return await loop.run_in_executor(None, self._bulk.request, method, path, list(body), content_type, timeout,
+                                          limit)
 
-    async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any], pooled: bool = False) -> Response:
+    async def _exchange(self, conn: _Connection, head: bytes, bufs: Sequence[Any], pooled: bool = False,
+                        limit: int | None = None) -> Response:
+        cap = self.max_response_bytes if limit is None else min(limit, self.max_response_bytes)
         conn.writer.write(head)
         for b in bufs:
             conn.writer.write(b)
@@ -233,14 +240,14 @@ class AggregatorClient:
         if status in (204, 304) or 100 <= status < 200:
             body = b""  # these statuses never carry a body (RFC 9112 section 6.3)
         elif headers.get("transfer-encoding", "").lower() == "chunked":
-            body = await self._read_chunked(conn.reader)
+            body = await self._read_chunked(conn.reader, cap)
         elif "content-length" in headers:
             raw = headers["content-length"]
             if not (raw.isascii() and raw.isdigit()):
                 raise ConnectionError(f"bad Content-Length {raw[:40]!r}")
             n = int(raw)
-            if n > self.max_response_bytes:
-                raise ConnectionError(f"response of {n} bytes exceeds the limit {self.max_response_bytes}")
+            if n > cap:
+                raise ConnectionError(f"response of {n} bytes exceeds the limit {cap}")
             if pooled and n >= BULK_BYTES and 200 <= status < 300:
                 body = await self._read_pooled(conn.reader, n)
             else:
@@ -249,8 +256,8 @@ class AggregatorClient:
             chunks = bytearray()
             while chunk := await conn.reader.read(1 << 16):
                 chunks += chunk
-                if len(chunks) > self.max_response_bytes:
-                    raise ConnectionError("response exceeds the limit")
+                if len(chunks) > cap:
+                    raise ConnectionError(f"response exceeds the limit {cap}")
             body = bytes(chunks)
             headers["connection"] = "close"
         if headers.get("connection", "").lower() == "close":
@@ -272,7 +279,7 @@ class AggregatorClient:
             pos += len(chunk)
         return view.toreadonly()
 
-    async def _read_chunked(self, reader: asyncio.StreamReader) -> bytes:
+    async def _read_chunked(self, reader: asyncio.StreamReader, cap: int) -> bytes:
         out = bytearray()
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0].strip(), 16)
@@ -280,8 +287,8 @@ class AggregatorClient:
                 while await reader.readuntil(b"\r\n") != b"\r\n":
                     pass
                 return bytes(out)
-            if len(out) + size > self.max_response_bytes:
-                raise ConnectionError("chunked response exceeds the limit")
+            if len(out) + size > cap:
+                raise ConnectionError(f"chunked response exceeds the limit {cap}")
             out += await reader.readexactly(size)
             await reader.readexactly(2)
 
@@ -292,16 +299,16 @@ class AggregatorClient:
 
     # -- the protocol's calls ----------------------------------------------------
 
-    async def send(self, message: Message, *, timeout: float = 120.0) -> Message:
-        """POST /v1/message: one message, its one-message reply; errors raise their class.
+    async def send(self, message: Message, *, timeout: float = 120.0, limit: int | None = None) -> Message:
+        """POST /v1/message: one message, its one-message reply (at most `limit` bytes); errors raise their class.
 
         A message of `BULK_BYTES` or more goes over the blocking bulk path; a reply that large
         (a round's aggregate share) is read into a recycled buffer its decoded vector refers to."""
         bufs = message.to_buffers()
         if sum(len(memoryview(b).cast("B")) for b in bufs) >= BULK_BYTES:
-            resp = await self.request_bulk("POST", "/v1/message", bufs, timeout=timeout)
+            resp = await self.request_bulk("POST", "/v1/message", bufs, timeout=timeout, limit=limit)
         else:
-            resp = await self.request("POST", "/v1/message", bufs, timeout=timeout, pooled=True)
+            resp = await self.request("POST", "/v1/message", bufs, timeout=timeout, pooled=True, limit=limit)
         return decode(self._check(resp, "/v1/message").body)
 
     async def status(self, request: Message, wait: float = 0.0) -> list[Message]:
@@ -310,29 +317,33 @@ class AggregatorClient:
         resp = self._check(await self.request("POST", path, request.to_buffers(), timeout=wait + 30.0), path)
         return unpack_frames(resp.body)
 
-    async def release(self, request: Message, wait: float = 0.0) -> Message | None:
-        """POST /v1/release (a site): this aggregator's share of a round's release, or None if not released yet."""
+    async def release(self, request: Message, wait: float = 0.0, *, limit: int | None = None) -> Message | None:
+        """POST /v1/release (a site): this aggregator's share of a round's release, or None if not released yet.
+        A reply over `limit` bytes is a `TransportError`."""
         path = f"/v1/release?wait={max(0.0, wait):.3f}"
-        resp = self._check(await self.request("POST", path, request.to_buffers(), timeout=wait + 60.0), path)
+        resp = self._check(await self.request("POST", path, request.to_buffers(), timeout=wait + 60.0, limit=limit),
+                           path)
         frames = unpack_frames(resp.body, limit=1)
         return frames[0] if frames else None
 
-    async def refuse(self, request: Message, reply: ErrorReply) -> None:
+    async def refuse(self, request: Message, reply: ErrorReply, *, limit: int | None = None) -> None:
         """POST /v1/refusal: tell the aggregator (and so the analyst) why this site refused a round."""
         self._check(
-            await self.request("POST", "/v1/refusal", pack_frames([request, reply]), content_type=FRAMES_TYPE),
+            await self.request("POST", "/v1/refusal", pack_frames([request, reply]), content_type=FRAMES_TYPE,
+                               limit=limit),
             "/v1/refusal",
         )
 
-    async def feed(self, since: int, wait: float) -> tuple[int, list[FeedEntry]]:
-        """GET /v1/feed: the open rounds after cursor `since` that this site still has to answer."""
+    async def feed(self, since: int, wait: float, *, limit: int | None = None) -> tuple[int, list[FeedEntry]]:
+        """GET /v1/feed: the open rounds after cursor `since` that this site still has to answer (a reply over
+        `limit` bytes is a `TransportError`)."""
         path = f"/v1/feed?since={int(since)}&wait={max(0.0, wait):.3f}"
-        resp = self._check(await self.request("GET", path, timeout=wait + 30.0), path)
+        resp = self._check(await self.request("GET", path, timeout=wait + 30.0, limit=limit), path)
         return unpack_feed(resp.body)
 
-    async def info(self) -> dict[str, Any]:
-        """GET /v1/info."""
-        resp = self._check(await self.request("GET", "/v1/info", timeout=30.0), "/v1/info")
+    async def info(self, *, limit: int | None = None) -> dict[str, Any]:
+        """GET /v1/info (a reply over `limit` bytes is a `TransportError`)."""
+        resp = self._check(await self.request("GET", "/v1/info", timeout=30.0, limit=limit), "/v1/info")
         try:
             value = json.loads(resp.body)
         except ValueError as exc:

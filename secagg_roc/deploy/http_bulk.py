@@ -113,8 +113,11 @@ class BulkConnections:
         """How many connections are kept alive for the next request."""
         return len(self._idle)
 
-    def request(self, method: str, path: str, bufs: list[Any], content_type: str, timeout: float) -> Response:
-        """Run in a worker thread: one request on a (kept-alive) blocking connection."""
+    def request(self, method: str, path: str, bufs: list[Any], content_type: str, timeout: float,
+                limit: int | None = None) -> Response:
+        """Run in a worker thread: one request on a (kept-alive) blocking connection (a reply over `limit`, or
+        `max_response_bytes`, bytes is a transport failure)."""
+        cap = self.max_response_bytes if limit is None else min(limit, self.max_response_bytes)
         length = sum(len(memoryview(b).cast("B")) for b in bufs)
         headers = {"Content-Length": str(length), "Content-Type": content_type, "Connection": "keep-alive"}
         for attempt in range(2):
@@ -130,11 +133,11 @@ class BulkConnections:
                 conn.sock.settimeout(timeout)
                 conn.request(method, path, body=bufs, headers=headers)
                 resp = conn.getresponse()
-                if resp.length is not None and resp.length > self.max_response_bytes:
-                    raise ConnectionError(f"response of {resp.length} bytes exceeds the limit {self.max_response_bytes}")
-                data = resp.read(self.max_response_bytes + 1)
-                if len(data) > self.max_response_bytes:
-                    raise ConnectionError("response exceeds the limit")
+                if resp.length is not None and resp.length > cap:
+                    raise ConnectionError(f"response of {resp.length} bytes exceeds the limit {cap}")
+                data = resp.read(cap + 1)
+                if len(data) > cap:
+                    raise ConnectionError(f"response exceeds the limit {cap}")
                 result = Response(resp.status, {k.lower(): v for k, v in resp.getheaders()}, data)
                 keep = not resp.will_close
             except ssl.SSLCertVerificationError as exc:

@@ -5,8 +5,11 @@ Under a threshold scheme (Shamir t-of-n) a round needs only t aggregators:
 transport failures, and returns as soon as every aggregator answered, or
 `grace` seconds after the t-th did; the aggregators still silent then, and
 those that kept failing, are reported as absent. An error reply (a refusal)
-is never absence: it is raised. Run by the Analyst (`RemoteStudy`) and by each
-Site (fetching a release).
+is raised as soon as so many aggregators refused that `need` can no longer
+answer (or, at the end, when fewer than `need` answered); from fewer, it
+counts as that aggregator's absence, so one lying aggregator cannot end a
+round the others carry. Run by the Analyst (`RemoteStudy`) and by each Site
+(fetching a release).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
     results: dict[int, T] = {}
     absent: set[int] = set()
     reasons: dict[int, str] = {}
+    refusals: list[BaseException] = []
     quorum_at: float | None = None
     pending = set(tasks)
     try:
@@ -47,10 +51,14 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
                     # Unreachable, or it missed the round (down when it opened): absent, not a refusal.
                     absent.add(tasks[task])
                     reasons[tasks[task]] = str(exc)
-                elif exc is not None:
-                    raise exc  # a refusal under the policy is an answer: the round cannot go on as asked
+                elif exc is not None:  # a refusal: an answer, unless the others still make a quorum
+                    refusals.append(exc)
+                    absent.add(tasks[task])
+                    reasons[tasks[task]] = f"refused: {type(exc).__name__}: {exc}"
                 else:
                     results[tasks[task]] = task.result()
+            if refusals and len(absent) > len(tasks) - need:
+                raise refusals[0]  # no quorum can form any more: the round cannot go on as asked
             if quorum_at is None and len(results) >= need:
                 quorum_at = loop.time()
             if quorum_at is not None and loop.time() >= quorum_at + grace:
@@ -61,6 +69,8 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
             absent.add(tasks[task])
             reasons.setdefault(tasks[task], "still silent after the grace")
     if len(results) < need:
+        if refusals:
+            raise refusals[0]  # a refusal names the rule: more use to the caller than "too few answered"
         why = "; ".join(f"aggregator {j}: {reasons[j]}" for j in sorted(reasons))
         raise TooFewAggregators(f"{what}: aggregators {sorted(absent)} do not answer, and the scheme needs "
                                 f"{need} of the {len(tasks)} asked" + (f" ({why})" if why else ""))

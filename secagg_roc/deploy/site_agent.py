@@ -5,7 +5,11 @@ records from its data file (`site_data`; columns mapped to array names by the
 study file) and builds the core `Site` with the study's privacy policy, its
 own `Ledger` and the operator's consent to the non-private mode
 (``--allow-non-private``). Then it follows every aggregator's feed (long
-polls: the site never listens on a port). For each round it:
+polls: the site never listens on a port). A new round is answered only once
+as many aggregators offer the same query as the scheme needs to combine a
+release (`site_offers`: all of them, Shamir's threshold, pairwise's one
+server), so one aggregator alone cannot make a site log or charge a round
+the analyst never opened. For each round it then:
 
 1. has `Site.answer` check it: a run's join against the policy and the site's
    data, every later round against the site's own copy of the run's plan (it
@@ -24,25 +28,29 @@ polls: the site never listens on a port). For each round it:
    share is idempotent at the aggregator. A refusal is logged and reported to
    the analyst; its text names the rule, never a data value;
 4. fetches the round's release from every aggregator once it is released
-   (`/v1/release`: only a contributing site gets it), logs it, and hands it to
+   (`/v1/release`: only a contributing site gets it; `site_fetch`), logs it, and hands it to
    `Site.receive_release`, which combines the aggregators' shares itself and
    moves the site's copy of the plan on. The analyst never sends a site
    anything but the rounds.
 
 An aggregator's malformed reply (a bad length, a header over the limit, a
-garbage or wrong-round release, a 5xx) is one log line and counts as that
+garbage or wrong-round release, a 5xx, and under a threshold scheme a 4xx
+error reply to a release request) is one log line and counts as that
 aggregator's absence: the site keeps following it, and under a threshold
-scheme the others' release shares still combine
-(`tests/test_attacks_site_agent.py`). Known gap: a round offered by one
-aggregator alone is answered (a strict xfail there).
+scheme the others' release shares still combine. No reply is read beyond
+what an honest aggregator can send (`site_fetch`: a feed, its open rounds'
+queries; a release, one share or, per site, every site's; an acknowledgement,
+1 MiB): a bigger one is refused at its header, as a transport failure
+(`tests/test_attacks_site_agent.py`).
 
 Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
 agreement through the one aggregator and followed by the site's one unmask
 answer (`site_pairwise`, logged before anything leaves). After a restart,
-answered rounds whose release is still to come are fetched again. `SiteAgent` is the network side (feeds, pushes, releases) on top of
+answered rounds whose release is still to come are fetched again.
+`SiteAgent` is the network side (feeds, pushes, releases) on top of
 `site_answers.SiteAnswers`, which answers and logs; the log's format is
-`site_log`. The public names of `site_data` and `site_log` are importable from
-here as well.
+`site_log`. The public names of `site_data` and `site_log` are importable
+from here as well.
 """
 
 from __future__ import annotations
@@ -52,15 +60,18 @@ import logging
 import os
 
 from ..errors import MessageError, SecAggError
-from ..messages import AggregateShare, ErrorReply, ForwardedShares, InputShare, Message, Query, StatusRequest
+from ..messages import ErrorReply, InputShare, Message, Query
 from ..queries.run import JOIN
 from .aggregator_state import ABANDON_FACTOR
 from .config_schema import StudyConfig
 from .http import AggregatorClient
 from .http_protocol import FeedEntry, ServiceError, TransportError
 from .link_log import LinkLog
-from .quorum import TooFewAggregators, gather_quorum
+from .quorum import TooFewAggregators
 from .site_answers import SiteAnswers
+from .site_fetch import RELEASE_GRACE_S, SMALL_REPLY_BYTES, feed_reply_limit, fetch_release  # noqa: F401
+from .site_fetch import release_reply_limit, site_reply_limit
+from .site_offers import RoundOffers
 from .site_data import load_site_data
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
 from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
@@ -77,8 +88,6 @@ __all__ = [
     "LEDGER_PREFIX",
 ]
 
-#: Seconds a site waits for the other aggregators' shares of a release once `threshold` of them came.
-RELEASE_GRACE_S = 2.0
 log = logging.getLogger("secagg_roc.site")
 
 
@@ -115,9 +124,12 @@ class SiteAgent(SiteAnswers):
         self.poll_wait = poll_wait
         ctx = client_ssl_context(config.ca_cert, self.party.cert, self.party.key)
         revoked = RevocationList(config.ca_crl, config.ca_cert)  # an aggregator can be revoked too
-        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked)
-                        for a in config.aggregators]
+        self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked,
+                                         max_response_bytes=site_reply_limit(config)) for a in config.aggregators]
         self.links = LinkLog(log)
+        #: New rounds offered so far: answered once as many aggregators offer one as the scheme needs.
+        self.offers = RoundOffers(min(self.scheme.threshold, len(self.clients)), len(self.clients))
+        self.feed_limit = feed_reply_limit(config)  # a bigger feed reply is that aggregator's failure
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
@@ -162,9 +174,9 @@ class SiteAgent(SiteAnswers):
         while not self._stopping:
             try:
                 if client.name in self.links.failing:
-                    await client.info()  # a quick request first: the feed's long poll would say "back" only later
+                    await client.info(limit=SMALL_REPLY_BYTES)  # a quick request first: the feed's long poll would say "back" only later
                     self.links.ok(client.name)
-                next_since, entries = await client.feed(since, self.poll_wait)
+                next_since, entries = await client.feed(since, self.poll_wait, limit=self.feed_limit)
             except AuthError as exc:
                 self.links.failed(client.name, str(exc), level=logging.ERROR)
                 await asyncio.sleep(5.0)  # a configuration problem: do not hammer the aggregator
@@ -217,6 +229,14 @@ class SiteAgent(SiteAnswers):
         loop = asyncio.get_running_loop()
         async with self._lock:
             cached = self._cached(message)  # a retired number gets its refusal
+            offered = self.offers.offer(message, source) if cached is None else 0
+            if cached is None and offered < self.offers.need:
+                # A new round answered on one aggregator's word would let that one aggregator make this site
+                # log, and charge, rounds that can never complete: wait for as many as the scheme needs.
+                if offered == 1:
+                    log.info("round %d (%s) offered by %s; answered once %d aggregators offer it", number,
+                             message.name, self.clients[source].name, self.offers.need)
+                return
             if cached is None:
                 await self._await_previous(message)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
@@ -224,6 +244,7 @@ class SiteAgent(SiteAnswers):
                 if cached is None:
                     cached = await loop.run_in_executor(None, self._answer, message)
                 self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
+                self.offers.forget(message)  # answered and logged: the log decides from now on
                 if cached.kind == "refusal":
                     self.pairwise.forget(number)  # nothing masked: it answers no unmask request
             elif cached.round_id != message.round_id:
@@ -275,49 +296,15 @@ class SiteAgent(SiteAnswers):
         return task
 
     async def _get_release(self, number: int) -> None:
-        """Fetch every aggregator's share of round `number`'s release, log them, and take them in."""
+        """Fetch the aggregators' shares of round `number`'s release (`site_fetch`), log them, and take them in."""
         query = self.queries[number]
-        request = StatusRequest(query.round_id)
         loop = asyncio.get_running_loop()
         # A round is abandoned ABANDON_FACTOR round timeouts after it opened; after that nothing will come.
         give_up = loop.time() + (ABANDON_FACTOR + 1.0) * self.config.round_timeout_s
-
-        async def one(client: AggregatorClient) -> Message:
-            delay = 0.05
-            while not self._stopping:
-                try:
-                    share = await client.release(request, self.poll_wait)
-                    if share is not None and not (isinstance(share, (AggregateShare, ForwardedShares))
-                                                  and share.round_id == query.round_id):
-                        raise MessageError(f"a {type(share).__name__} that is not a share of round {number}")
-                except (MessageError, ServiceError) as exc:
-                    # A malformed or 5xx reply is this aggregator's fault, not the round's end: under a threshold
-                    # scheme the others' shares still combine, so it counts as absent (a transport failure).
-                    log.warning("%s answered the release of round %d with a bad reply: %s: %s",
-                                client.name, number, type(exc).__name__, exc)
-                    raise TransportError(f"{client.name} sent a bad release reply") from None
-                except TransportError:
-                    if loop.time() + delay > give_up:
-                        raise
-                    await asyncio.sleep(delay)
-                    delay = min(2.0, delay * 2)
-                    continue
-                if share is not None:
-                    return share
-                if loop.time() > give_up:
-                    raise TransportError(f"round {number} was not released by {client.name} in time")
-            raise TransportError("the site agent is stopping")
-
-        need = self.scheme.threshold
-        fetches = [] if need < len(self.clients) else [asyncio.ensure_future(one(c)) for c in self.clients]
         try:
-            if fetches:
-                shares = await asyncio.gather(*fetches)
-            else:  # a threshold scheme: `threshold` aggregators' shares combine; absent ones are not waited for
-                got, _ = await gather_quorum([(j, lambda c=c: one(c)) for j, c in enumerate(self.clients)],
-                                             need=need, deadline=give_up, grace=RELEASE_GRACE_S,
-                                             what=f"the release of round {number}")
-                shares = [got[j] for j in sorted(got)]
+            shares = await fetch_release(self.clients, query, need=self.scheme.threshold, wait=self.poll_wait,
+                                         limit=release_reply_limit(self.config, query), give_up=give_up,
+                                         stopping=lambda: self._stopping)
         except SecAggError as exc:  # e.g. the round closed without this site, or was abandoned
             if isinstance(exc, (TransportError, TooFewAggregators)):
                 if not self._stopping:  # a stop is not a failure: the release is fetched after the restart
@@ -325,12 +312,6 @@ class SiteAgent(SiteAnswers):
                 return
             log.info("round %d brings this site no release: %s: %s", number, type(exc).__name__, exc)
             self.settled.add(number)
-            return
-        finally:
-            for f in fetches:
-                f.cancel()
-        if not all(isinstance(s, (AggregateShare, ForwardedShares)) and s.round_id == query.round_id for s in shares):
-            log.error("an aggregator answered the release of round %d with something else; ignored", number)
             return
         await loop.run_in_executor(None, self._take_release, number, list(shares))
         self.pairwise.forget(number)
@@ -368,9 +349,9 @@ class SiteAgent(SiteAnswers):
             while not self._stopping:
                 try:
                     if isinstance(messages[-1], ErrorReply):
-                        await client.refuse(messages[0], messages[-1])
+                        await client.refuse(messages[0], messages[-1], limit=SMALL_REPLY_BYTES)
                     else:
-                        await client.send(messages[0])
+                        await client.send(messages[0], limit=SMALL_REPLY_BYTES)
                     self._acked.add((number, j))
                     self._drop_sent(number)
                     return
