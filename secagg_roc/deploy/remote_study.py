@@ -343,6 +343,10 @@ class RemoteStudy(Study):
                                         deadline=asyncio.get_running_loop().time() + (deadline - time.monotonic()),
                                         grace=QUORUM_GRACE_S)
 
+    def _contributors(self, query: Query, statuses: list[RoundStatus]) -> tuple[str, ...]:
+        """The contributor set to close over: the sites every aggregator accepted (as the embedded analyst)."""
+        return agree_contributors(statuses)
+
     # -- the protocol ------------------------------------------------------------
 
     async def _round(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None) -> Any:
@@ -364,7 +368,7 @@ class RemoteStudy(Study):
         opened = time.monotonic()
         statuses, refusals = await self._wait(rid, deadline, expected, fail_fast=not joining)
         waited = time.monotonic()
-        contributors = agree_contributors(statuses)  # the sites every aggregator accepted
+        contributors = self._contributors(query, statuses)
         if refusals and not contributors:
             raise exception_for(next(iter(refusals.values())))
         missing = sorted(expected - set(contributors) - set(refusals))
