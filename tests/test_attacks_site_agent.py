@@ -215,6 +215,22 @@ def test_feed_entries_that_are_not_queries_or_name_other_rounds_are_ignored_with
     assert "Traceback" not in logs, logs[-3000:]
 
 
+def _fit_is_exact_while(cluster, evil, *, reply=None, analyst_reply=None) -> None:
+    """A Shamir 2-of-3 GLM fit on the deployment, with agg-3 answering sites by `reply` (or the analyst by
+    `analyst_reply`), equals the embedded study's; agg-3 is honest-looking (empty feeds) again afterwards."""
+    if reply is not None:
+        evil.reply = reply
+    if analyst_reply is not None:
+        evil.analyst_reply = analyst_reply
+    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
+    try:
+        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+            fit = sr.fit_glm(study, "y", "x", family="logit")
+    finally:
+        evil.reply, evil.analyst_reply = empty_feed, None
+    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+
+
 def _evil_release(method: str, path: str, body: bytes) -> bytes | None:
     if path.startswith("/v1/feed"):
         return empty_feed(method, path, body)
@@ -225,15 +241,10 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_sends_g
     """2-of-3: agg-3 answers the sites' releases and shares with garbage; the runs complete with agg-1 and agg-2,
     with the embedded study's numbers."""
     cluster, evil = attacked
-    evil.reply = _evil_release
-    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
-    with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
-        fit = sr.fit_glm(study, "y", "x", family="logit")
-    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    _fit_is_exact_while(cluster, evil, reply=_evil_release)
     assert evil.count("/v1/release") > 0
     assert _alive(cluster)
     assert "Traceback" not in _site_logs(cluster)
-    evil.reply = empty_feed
 
 
 def _refusal(code: str, status: int = 403) -> bytes:
@@ -248,14 +259,8 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_refuses
     ended without them); it counts as agg-3's absence, and the runs complete with agg-1 and agg-2."""
     cluster, evil = attacked
     refusal = _refusal(code, status)
-    evil.reply = lambda m, p, b: empty_feed(m, p, b) if p.startswith("/v1/feed") else refusal
-    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
-    try:
-        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
-            fit = sr.fit_glm(study, "y", "x", family="logit")
-    finally:
-        evil.reply = empty_feed
-    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    _fit_is_exact_while(cluster, evil,
+                        reply=lambda m, p, b: empty_feed(m, p, b) if p.startswith("/v1/feed") else refusal)
     assert evil.count("/v1/release") > 0
     assert _alive(cluster)
     assert "Traceback" not in _site_logs(cluster)
@@ -267,14 +272,7 @@ def test_a_shamir_study_completes_exactly_while_the_malicious_aggregator_refuses
     """2-of-3: agg-3 answers each of the analyst's requests (info, open, status, close) with a 4xx error reply
     naming a rule; the analyst counts it as agg-3's absence, and the run completes exactly with agg-1 and agg-2."""
     cluster, evil = attacked
-    evil.analyst_reply = lambda m, p, b: _refusal(code, status)
-    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
-    try:
-        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
-            fit = sr.fit_glm(study, "y", "x", family="logit")
-    finally:
-        evil.analyst_reply = None
-    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    _fit_is_exact_while(cluster, evil, analyst_reply=lambda m, p, b: _refusal(code, status))
 
 
 OVERSIZED = 128 << 20  # within the client's general 1 GiB cap, far beyond what a feed or release can hold here
@@ -315,14 +313,8 @@ def test_an_oversized_release_reply_counts_as_the_aggregators_absence_without_be
     max_body_bytes, so the sites refuse it at its header and combine agg-1's and agg-2's shares: exact runs."""
     cluster, evil = attacked
     before = {s: _peak_rss_mib(cluster, s) for s in SITES}
-    evil.reply = lambda m, p, b: empty_feed(m, p, b) if p.startswith("/v1/feed") else _oversized(m, p, b)
-    local = embedded(cluster, scheme="shamir", n_aggregators=3, threshold=2)
-    try:
-        with RemoteStudy(cluster.config, round_timeout_s=20.0, poll_wait=2.0) as study:
-            fit = sr.fit_glm(study, "y", "x", family="logit")
-    finally:
-        evil.reply = empty_feed
-    np.testing.assert_array_equal(np.asarray(fit.coef), np.asarray(sr.fit_glm(local, "y", "x", family="logit").coef))
+    _fit_is_exact_while(cluster, evil,
+                        reply=lambda m, p, b: empty_feed(m, p, b) if p.startswith("/v1/feed") else _oversized(m, p, b))
     assert evil.count("/v1/release") > 0
     grew = {s: _peak_rss_mib(cluster, s) - before[s] for s in SITES}
     assert all(g < 50 for g in grew.values()), grew

@@ -28,8 +28,11 @@ TOL = 1e-8
 POLISH_STEPS = 3
 STEP_TOL = 1e-10
 #: Newton stops without one more round once its steps shrink quadratically and the next one is predicted
-#: below STEP_TOL; a step larger than this is never taken as the last (the rate is not yet quadratic there).
+#: below PREDICT_TOL; a step larger than PREDICT_BELOW is never taken as the last (the rate is not yet
+#: quadratic there). PREDICT_TOL is a hundredth of STEP_TOL: the rate estimated from two steps can be ~100x
+#: off early on, and the estimate must still end within STEP_TOL of the maximum.
 PREDICT_BELOW = 1e-4
+PREDICT_TOL = 1e-12
 #: Newton steps in a row that may be halved because the deviance rose.
 MAX_HALVINGS = 10
 Evaluate = Callable[[np.ndarray], tuple]
@@ -156,8 +159,8 @@ def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, pol
     raised the deviance is halved, back towards the last point accepted.
     Newton converges quadratically near the maximum (|s_k| ~ c |s_(k-1)|^2),
     so it also stops, with that step applied, once a step of at most 1e-4
-    shrank from the one before and the next is predicted below 1e-10
-    (|s_k|^3 <= 1e-10 |s_(k-1)|^2): the round that would only confirm it is
+    shrank from the one before and the next is predicted below 1e-12
+    (|s_k|^3 <= 1e-12 |s_(k-1)|^2): the round that would only confirm it is
     not run, so one less set of totals is released. As in R's ``glm.fit``,
     the information and deviance reported are then those of the last round,
     one step (of at most 1e-4, typically ~1e-6) before the estimate.
@@ -219,11 +222,11 @@ def fisher_steps(n_coef: int, *, max_iter: int = MAX_ITER, tol: float = TOL, pol
 
 
 def _next_step_negligible(last: float | None, size: float) -> bool:
-    """Whether Newton's step after one of `size` (which followed one of `last`) is predicted below STEP_TOL.
+    """Whether Newton's step after one of `size` (which followed one of `last`) is predicted below PREDICT_TOL.
 
     Near the maximum |s_k| ~ c |s_(k-1)|^2, so c ~ size / last^2 and the next step ~ c size^2; it is
     trusted only once the steps shrink and are small (a step above PREDICT_BELOW is never the last)."""
-    return last is not None and size < last and size <= PREDICT_BELOW and size ** 3 <= STEP_TOL * last * last
+    return last is not None and size < last and size <= PREDICT_BELOW and size ** 3 <= PREDICT_TOL * last * last
 
 
 def null_deviance(family: str, score0: np.ndarray, info0: np.ndarray, dev0: float) -> tuple[float, float, float]:
