@@ -61,6 +61,7 @@ def _aggregators(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `secagg-roc` argument parser with every subcommand."""
     parser = argparse.ArgumentParser(
         prog="secagg-roc",
         description="Validate a prediction model on data no one may pool: secure aggregation "

@@ -90,6 +90,7 @@ def _load(args: argparse.Namespace) -> tuple[dict[str, dict[str, np.ndarray]], A
 
 
 def run_compare_command(args: argparse.Namespace) -> int:
+    """`secagg-roc compare`: one analysis under several schemes, printed or written as a report (exit code)."""
     from .compare import compare_schemes
 
     data, policy = _load(args)

@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 
 def to_json(c: "Comparison") -> str:
+    """The comparison as indented JSON (numbers as floats)."""
     return json.dumps(c.to_dict(), indent=2, default=float)
 
 
@@ -22,6 +23,7 @@ def _kib(n: int) -> str:
 
 
 def to_markdown(c: "Comparison") -> str:
+    """The comparison as a Markdown table: each scheme beside the plaintext reference."""
     ref = c.reference
     lines = [
         f"Pooled reference over {ref['records']} records at {ref['sites']} sites: ROC-GLM AUC "

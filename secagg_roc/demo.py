@@ -15,7 +15,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -26,6 +26,10 @@ from .dp.sensitivity import l2_sensitivity
 from .policy import DPPolicy, Policy
 from .stats import brier_score, calibration_curve, fit_glm, roc_glm
 from .study import Study
+
+if TYPE_CHECKING:
+    from .stats.results import CalibrationCurve
+    from .stats.rocglm_result import RocGlmResult
 
 HORIZON_DAYS = 730
 PAPER_SITE_SIZES = (56, 49, 60, 49, 60)
@@ -84,7 +88,7 @@ def gbsg2_two_year() -> tuple[np.ndarray, np.ndarray, int]:
     return X[keep], beyond[keep].astype(np.int64), int((~keep).sum())
 
 
-def proportional_sizes(total: int, weights=PAPER_SITE_SIZES) -> list[int]:
+def proportional_sizes(total: int, weights: Sequence[float] = PAPER_SITE_SIZES) -> list[int]:
     """Split `total` into parts proportional to `weights` (largest remainders)."""
     w = np.asarray(weights, dtype=float)
     raw = total * w / w.sum()
@@ -239,7 +243,7 @@ def validate(study: Study) -> tuple[Any, Any, float, Any, list[str]]:
     return sens, roc, brier, calib, caught
 
 
-def format_report(r: dict[str, Any], roc, calib) -> str:
+def format_report(r: dict[str, Any], roc: "RocGlmResult", calib: "CalibrationCurve") -> str:
     """The printable report: distributed results beside the pooled references and the paper's."""
     d, p, paper = r["data"], r["pooled"], r["paper_random_forest"]
     lo, hi = roc.ci

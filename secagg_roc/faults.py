@@ -108,12 +108,14 @@ class FaultInjection:
 
 
 def flip_first_bit(vector: np.ndarray) -> np.ndarray:
+    """A copy of `vector` with the lowest bit of its first element flipped (a one-bit forgery)."""
     out = vector.copy()
     out[0] ^= np.uint64(1)
     return out
 
 
-def altered(release: AggregateShare | ForwardedShares, alter: Callable[[np.ndarray], np.ndarray]):
+def altered(release: AggregateShare | ForwardedShares,
+            alter: Callable[[np.ndarray], np.ndarray]) -> AggregateShare | ForwardedShares:
     """A cheating aggregator's version of `release`: its sum (or each forwarded vector) through `alter`."""
     if isinstance(release, AggregateShare):
         return dataclasses.replace(release, vector=alter(release.vector))

@@ -36,7 +36,8 @@ def _axes(ax):
     return ax
 
 
-def plot_roc(result: "RocGlmResult", ax=None, *, empirical: bool = True, pooled: "RocGlmResult | None" = None) -> Any:
+def plot_roc(result: "RocGlmResult", ax: Any = None, *, empirical: bool = True,
+             pooled: "RocGlmResult | None" = None) -> Any:
     """The fitted ROC-GLM curve, the empirical ROC of the released scores, and optionally a pooled fit."""
     ax = _axes(ax)
     t = np.linspace(0.0, 1.0, 501)
@@ -68,7 +69,7 @@ def plot_roc(result: "RocGlmResult", ax=None, *, empirical: bool = True, pooled:
     return ax
 
 
-def plot_calibration(curve: "CalibrationCurve", ax=None, *, pooled: "CalibrationCurve | None" = None,
+def plot_calibration(curve: "CalibrationCurve", ax: Any = None, *, pooled: "CalibrationCurve | None" = None,
                      alpha: float = 0.05) -> Any:
     """Reliability diagram of the released bins with counts and Wilson intervals; suppressed bins are shaded."""
     ax = _axes(ax)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .stats.arrays import check_labels_scores as _check
 from .stats.binning import bin_index, quantile_edges, released_cells
@@ -35,7 +36,7 @@ from .stats.survival import (
 )
 
 
-def auc(y, s, sample_weight=None) -> float:
+def auc(y: ArrayLike, s: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
     """Empirical AUC (Mann-Whitney), ties counted 1/2; agrees with pROC and scikit-learn (`sample_weight` too)."""
     from scipy.stats import rankdata  # imported here: scipy.stats costs ~1 s at import
 
@@ -48,7 +49,7 @@ def auc(y, s, sample_weight=None) -> float:
     return float((ranks[y == 1].sum() - n1 * (n1 + 1) / 2.0) / (n0 * n1))
 
 
-def placements(y, s) -> tuple[np.ndarray, np.ndarray]:
+def placements(y: ArrayLike, s: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
     """DeLong placement values, ties 1/2: (S1 at each negative's score, S0 at each positive's score).
 
     S1(x) is the share of positives scoring above x, S0(y) the share of
@@ -59,20 +60,21 @@ def placements(y, s) -> tuple[np.ndarray, np.ndarray]:
     return survivor(pos, s[y == 0], ties="half"), survivor(neg, s[y == 1], ties="half")
 
 
-def delong_variance(y, s) -> float:
+def delong_variance(y: ArrayLike, s: ArrayLike) -> float:
     """DeLong's variance of the empirical AUC."""
     pl_neg, pl_pos = placements(y, s)
     return float(np.var(pl_neg, ddof=1) / pl_neg.size + np.var(pl_pos, ddof=1) / pl_pos.size)
 
 
-def delong_ci(y, s, alpha: float = 0.05) -> tuple[float, float, float]:
+def delong_ci(y: ArrayLike, s: ArrayLike, alpha: float = 0.05) -> tuple[float, float, float]:
     """(lower, AUC, upper): DeLong interval on the raw scale, clipped to [0, 1], as pROC's ``ci.auc``."""
     a = auc(y, s)
     lo, hi = raw_ci(a, delong_variance(y, s), alpha)
     return lo, a, hi
 
 
-def delong_ci_logit(y, s, alpha: float = 0.05, centre: float | None = None) -> tuple[float, float, float]:
+def delong_ci_logit(y: ArrayLike, s: ArrayLike, alpha: float = 0.05,
+                    centre: float | None = None) -> tuple[float, float, float]:
     """(lower, centre, upper): the paper's logit-scale interval; centre defaults to the empirical AUC."""
     a = auc(y, s) if centre is None else float(centre)
     lo, hi = _logit_ci(a, delong_variance(y, s), alpha)
@@ -80,18 +82,19 @@ def delong_ci_logit(y, s, alpha: float = 0.05, centre: float | None = None) -> t
 
 
 def fit_glm(
-    y,
-    X=None,
+    y: ArrayLike,
+    X: ArrayLike | None = None,
     *,
     family: str = "logit",
-    weights=None,
+    weights: ArrayLike | None = None,
     names: Sequence[str] | None = None,
 ) -> GlmResult:
     """Logit/probit GLM on pooled arrays by the same Fisher scoring as the distributed fit."""
     return fit_glm_arrays(np.asarray(y), X, family=check_family(family), weights=weights, names=names)
 
 
-def rocglm_frame(y, s, thresholds=None, ties: str = DEFAULT_TIES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def rocglm_frame(y: ArrayLike, s: ArrayLike, thresholds: Sequence[float] | int | None = None,
+                 ties: str = DEFAULT_TIES) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The ROC-GLM's probit data as weighted rows (response, Phi^-1(t), count), as the sites build them.
 
     Placement values are compared with the thresholds exactly, in integers
@@ -103,7 +106,8 @@ def rocglm_frame(y, s, thresholds=None, ties: str = DEFAULT_TIES) -> tuple[np.nd
     return rocglm_rows(sorted_reference(s[y == 0]), s[y == 1], t, threshold_fractions(t, grid), ties)
 
 
-def roc_glm(y, s, thresholds=None, alpha: float = 0.05, ties: str = DEFAULT_TIES) -> RocGlmResult:
+def roc_glm(y: ArrayLike, s: ArrayLike, thresholds: Sequence[float] | int | None = None, alpha: float = 0.05,
+            ties: str = DEFAULT_TIES) -> RocGlmResult:
     """ROC-GLM on pooled records with exact survivor functions (the reference of the distributed fit).
 
     `ties`: "half" (default) counts a positive tied with negatives 1/2 in its
@@ -132,7 +136,7 @@ def roc_glm(y, s, thresholds=None, alpha: float = 0.05, ties: str = DEFAULT_TIES
     )
 
 
-def _sample_weight(sample_weight, n: int) -> np.ndarray:
+def _sample_weight(sample_weight: ArrayLike | None, n: int) -> np.ndarray:
     if sample_weight is None:
         return np.ones(n)
     w = np.asarray(sample_weight, dtype=float).reshape(-1)
@@ -141,13 +145,13 @@ def _sample_weight(sample_weight, n: int) -> np.ndarray:
     return w
 
 
-def brier_score(y, p, sample_weight=None) -> float:
+def brier_score(y: ArrayLike, p: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
     """Mean squared difference between predicted probability and label (weighted as scikit-learn's)."""
     y, p = _check(y, p, probability=True, both_classes=False)
     return float(np.average((p - y) ** 2, weights=_sample_weight(sample_weight, y.size)))
 
 
-def log_loss(y, p, sample_weight=None) -> float:
+def log_loss(y: ArrayLike, p: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
     """Mean log-loss, p clipped to [eps, 1 - eps] (scikit-learn's ``log_loss`` for 0/1 labels)."""
     from .queries.calibration import EPS
 
@@ -157,8 +161,8 @@ def log_loss(y, p, sample_weight=None) -> float:
     return float(np.average(loss, weights=_sample_weight(sample_weight, y.size)))
 
 
-def calibration_curve(y, p, n_bins: int = 10, min_cell_count: int = 1, sites=None,
-                      strategy: str = "uniform") -> CalibrationCurve:
+def calibration_curve(y: ArrayLike, p: ArrayLike, n_bins: int = 10, min_cell_count: int = 1,
+                      sites: ArrayLike | None = None, strategy: str = "uniform") -> CalibrationCurve:
     """Calibration curve on pooled records, with the distributed curve's disclosure rule.
 
     With `sites` (one site label per record) each site's cells are released by

@@ -210,10 +210,12 @@ class Reader:
 
 
 def layout_json(layout: tuple[tuple[str, tuple[int, ...], bool], ...]) -> str:
+    """A layout (name, shape, integer?) per array as compact JSON, as the wire header carries it."""
     return json.dumps([[n, list(s), i] for n, s, i in layout], separators=(",", ":"))
 
 
 def parse_layout(text: str) -> tuple[tuple[str, tuple[int, ...], bool], ...]:
+    """A wire header's layout JSON, checked (names, non-negative dimensions), or MessageError."""
     try:
         items = json.loads(text)
         layout = tuple((str(n), tuple(int(d) for d in s), bool(i)) for n, s, i in items)

@@ -129,6 +129,7 @@ def run_keys(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """`secagg-roc keys`: make and sign the study's TLS keys and certificates (exit code)."""
     parser = argparse.ArgumentParser(
         prog="secagg-roc keys", description=_DESCRIPTION, epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)

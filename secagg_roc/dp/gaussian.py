@@ -20,6 +20,7 @@ import warnings
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import log_ndtr, ndtr
 
 Mechanism = Literal["classic", "analytic"]
@@ -104,7 +105,7 @@ def gaussian_sigma(
 
 
 def gaussian_noise(
-    values,
+    values: ArrayLike,
     sigma: float,
     rng: np.random.Generator,
     *,

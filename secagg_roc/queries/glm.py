@@ -29,13 +29,14 @@ from .registry import QueryResult, SiteData, site_query
 
 #: A design builder returns (y, X without intercept, prior weights, record count).
 Design = tuple[np.ndarray, np.ndarray, np.ndarray, int]
-DESIGNS: dict[str, Callable[[SiteData, dict[str, Any]], Design]] = {}
+DesignBuilder = Callable[[SiteData, dict[str, Any]], Design]
+DESIGNS: dict[str, DesignBuilder] = {}
 
 
-def design(kind: str):
+def design(kind: str) -> Callable[[DesignBuilder], DesignBuilder]:
     """Register a design builder under `kind` (run by each Site when a GLM query names it)."""
 
-    def register(func):
+    def register(func: DesignBuilder) -> DesignBuilder:
         if kind in DESIGNS:
             raise ValueError(f"GLM design {kind!r} is registered twice")
         DESIGNS[kind] = func

@@ -111,6 +111,7 @@ def _summarize(results: Path, out: Path) -> int:
 
 
 def run_simulate_command(args: argparse.Namespace) -> int:
+    """`secagg-roc simulate`: run (or resume) the paper's simulation, then its tables and plots (exit code)."""
     from .design import parse_settings
     from .runner import ResultsFileError, run
 

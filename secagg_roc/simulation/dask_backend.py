@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 
 from ..extras import require
-from .runner import Task, run_tasks
+from .runner import Executor, Task, run_tasks
 
 __all__ = ["dask_client", "dask_executor"]
 
@@ -55,7 +55,7 @@ def dask_client(workers: int | None = None, scheduler: str | None = None) -> Ite
         yield client
 
 
-def dask_executor(client: Any):
+def dask_executor(client: Any) -> Executor:
     """An executor for `runner.run` that runs batches of tasks on `client`'s workers."""
     from distributed import as_completed
 

@@ -35,6 +35,8 @@ FORMAT = "secagg-roc-simulation/1"
 MAX_BATCH = 64
 #: A task: (setting index, data-set index).
 Task = tuple[int, int]
+#: Runs batches of tasks under a design header, yielding each batch's records as it completes.
+Executor = Callable[[list[list[Task]], dict[str, Any]], Iterator[list[dict[str, Any]]]]
 
 
 class ResultsFileError(ValueError):
@@ -171,7 +173,7 @@ def run(
     mechanism: str = "classic",
     ties: str = "strict",
     alpha: float = 0.05,
-    executor: Callable[[list[list[Task]], dict[str, Any]], Iterator[list[dict[str, Any]]]] | None = None,
+    executor: Executor | None = None,
     batch: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, int]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
-def check_labels_scores(y, s, *, probability: bool = False, both_classes: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def check_labels_scores(y: ArrayLike, s: ArrayLike, *, probability: bool = False,
+                        both_classes: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(0/1 labels as int64, finite float scores) of equal length; `ValueError` naming the problem."""
     y = np.asarray(y)
     s = np.asarray(s, dtype=float)

@@ -9,6 +9,7 @@ reference.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def bin_edges(n_bins: int) -> np.ndarray:
@@ -19,7 +20,7 @@ def bin_edges(n_bins: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, n_bins + 1)
 
 
-def bin_index(scores, n_bins: int, edges=None) -> np.ndarray:
+def bin_index(scores: ArrayLike, n_bins: int, edges: ArrayLike | None = None) -> np.ndarray:
     """Index (0..n_bins-1) of the right-closed bin of each score: equidistant bins of [0, 1], or `edges`.
 
     With `edges` (n_bins + 1 non-decreasing numbers, e.g. quantiles) a score
@@ -31,7 +32,7 @@ def bin_index(scores, n_bins: int, edges=None) -> np.ndarray:
     return np.clip(idx, 0, int(n_bins) - 1)
 
 
-def quantile_edges(scores, n_bins: int, lower: float = 0.0, upper: float = 1.0) -> np.ndarray:
+def quantile_edges(scores: ArrayLike, n_bins: int, lower: float = 0.0, upper: float = 1.0) -> np.ndarray:
     """Edges of `n_bins` equal-count bins of `scores` (numpy's linear quantiles, as scikit-learn), the
     outer two replaced by the public range [lower, upper] so no extreme score is released as an edge."""
     q = np.quantile(np.asarray(scores, dtype=float), np.linspace(0.0, 1.0, int(n_bins) + 1))
@@ -39,7 +40,7 @@ def quantile_edges(scores, n_bins: int, lower: float = 0.0, upper: float = 1.0) 
     return np.clip(q, lower, upper)
 
 
-def released_cells(counts, min_cell: int, positives=None) -> np.ndarray:
+def released_cells(counts: ArrayLike, min_cell: int, positives: ArrayLike | None = None) -> np.ndarray:
     """Which of one site's cells it releases under the minimum cell count (a boolean mask).
 
     A calibration bin releases its record count and its number of positives,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Iterable, Iterator
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .arrays import check_labels_scores
 from .bootstrap_arith import (
@@ -54,7 +55,7 @@ def check_request(statistic: str, specificity: float | None, n_boot: int, alpha:
     return None
 
 
-def _arrays(y, s, statistic: str) -> tuple[np.ndarray, np.ndarray]:
+def _arrays(y: ArrayLike, s: ArrayLike, statistic: str) -> tuple[np.ndarray, np.ndarray]:
     if statistic == "brier":
         y, s = check_labels_scores(y, s, probability=True, both_classes=False)
         if y.size == 0:
@@ -103,8 +104,8 @@ def roc_replicates(neg_sorted: np.ndarray, pos: np.ndarray, statistic: str, spec
 
 
 def bootstrap_ci(
-    y,
-    s,
+    y: ArrayLike,
+    s: ArrayLike,
     statistic: str = "auc",
     *,
     specificity: float | None = None,

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .roc_compare import coords as pooled_coords
 from .roc_compare_results import RocCoords
@@ -44,7 +45,8 @@ def average_precision_from_coords(c: RocCoords) -> float:
     return float(-np.sum(np.diff(recall) * precision[:-1]))
 
 
-def _weighted_counts(y, s, sample_weight) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _weighted_counts(y: ArrayLike, s: ArrayLike,
+                     sample_weight: ArrayLike | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(distinct scores increasing, weighted tp, weighted fp) calling positive the records at or above each."""
     from .arrays import check_labels_scores
 
@@ -59,7 +61,8 @@ def _weighted_counts(y, s, sample_weight) -> tuple[np.ndarray, np.ndarray, np.nd
     return scores, np.cumsum(pos[::-1])[::-1], np.cumsum(neg[::-1])[::-1]
 
 
-def precision_recall_curve(y, s, sample_weight=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def precision_recall_curve(y: ArrayLike, s: ArrayLike,
+                           sample_weight: ArrayLike | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(precision, recall, thresholds) of pooled records (scikit-learn's ``precision_recall_curve``,
     `sample_weight` included)."""
     if sample_weight is None:
@@ -72,13 +75,13 @@ def precision_recall_curve(y, s, sample_weight=None) -> tuple[np.ndarray, np.nda
     return np.r_[precision, 1.0], np.r_[tp / tp[0], 0.0], scores
 
 
-def average_precision(y, s, sample_weight=None) -> float:
+def average_precision(y: ArrayLike, s: ArrayLike, sample_weight: ArrayLike | None = None) -> float:
     """Average precision of pooled records (scikit-learn's ``average_precision_score``, `sample_weight` included)."""
     precision, recall, _ = precision_recall_curve(y, s, sample_weight)
     return float(-np.sum(np.diff(recall) * precision[:-1]))
 
 
-def weighted_auc(y, s, sample_weight) -> float:
+def weighted_auc(y: ArrayLike, s: ArrayLike, sample_weight: ArrayLike) -> float:
     """Weighted Mann-Whitney AUC, ties counted 1/2 (scikit-learn's ``roc_auc_score`` with `sample_weight`)."""
     _, tp, fp = _weighted_counts(y, s, sample_weight)
     if not (tp[0] > 0 and fp[0] > 0):

@@ -29,18 +29,19 @@ from fractions import Fraction
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 #: Products of placement numerators are summed as (high, low) halves split at this bit.
 SPLIT_BITS = 32
 _LOW_MASK = (1 << SPLIT_BITS) - 1
 
 
-def sorted_sample(values) -> np.ndarray:
+def sorted_sample(values: ArrayLike) -> np.ndarray:
     """A reference sample as a sorted float64 vector (what the functions below expect)."""
     return np.sort(np.asarray(values, dtype=np.float64).ravel())
 
 
-def delong_numerators(ref_sorted: np.ndarray, x, *, case: bool) -> np.ndarray:
+def delong_numerators(ref_sorted: np.ndarray, x: ArrayLike, *, case: bool) -> np.ndarray:
     """Placement numerators of scores `x` over the denominator ``2 * ref_sorted.size`` (ties 1/2).
 
     `case`: `x` are cases' scores and `ref_sorted` the controls' sample
@@ -111,7 +112,7 @@ def _ramp_integral(t: float, start: np.ndarray, width: np.ndarray) -> np.ndarray
     return np.where(width > 0, ramp, step)
 
 
-def partial_areas(ref_sorted: np.ndarray, x, *, case: bool, bounds: tuple[float, float]) -> np.ndarray:
+def partial_areas(ref_sorted: np.ndarray, x: ArrayLike, *, case: bool, bounds: tuple[float, float]) -> np.ndarray:
     """Each record's share (times the class size) of the partial area under the interpolated ROC curve.
 
     `case`: cases' scores against the controls' sample, for a specificity

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import ndtr, ndtri, stdtr
 
 from .roc_arith import (
@@ -54,12 +55,14 @@ class PartialAucCorrectionWarning(UserWarning):
 
 
 def check_alternative(alternative: str) -> str:
+    """`alternative` if it is one of pROC's ("two.sided", "less", "greater"), else ValueError."""
     if alternative not in ALTERNATIVES:
         raise ValueError(f"alternative must be one of {', '.join(map(repr, ALTERNATIVES))}, got {alternative!r}")
     return alternative
 
 
 def check_level(conf_level: float) -> float:
+    """`conf_level` as a float strictly between 0 and 1, else ValueError."""
     level = float(conf_level)
     if not 0.0 < level < 1.0:
         raise ValueError(f"conf_level must lie strictly between 0 and 1, got {conf_level!r}")
@@ -111,7 +114,8 @@ def delong_pairs(n_scores: int, paired: bool) -> list[tuple[int, int]]:
     return [(a, a) for a in range(n_scores)]
 
 
-def moments_from_sums(sums, high, low, pairs, *, count: int, denominator: int) -> PlacementMoments:
+def moments_from_sums(sums: Sequence[int], high: Sequence[int], low: Sequence[int], pairs: Sequence[tuple[int, int]],
+                      *, count: int, denominator: int) -> PlacementMoments:
     """`PlacementMoments` from exact integer sums (a secure total, or a pooled sum)."""
     means, cov = covariance_from_sums(sums, high, low, pairs, count=count, denominator=denominator)
     return PlacementMoments(means, cov, count)
@@ -182,7 +186,7 @@ def unpaired_test(curve1: tuple[float, float, int, int], curve2: tuple[float, fl
                    **labels)
 
 
-def _classes(y, *scores, name: str = "y", least: int = 2) -> tuple[np.ndarray, list[np.ndarray]]:
+def _classes(y: ArrayLike, *scores: ArrayLike, name: str = "y", least: int = 2) -> tuple[np.ndarray, list[np.ndarray]]:
     y = np.asarray(y)
     if y.dtype.kind == "b":
         y = y.astype(np.int64)
@@ -213,8 +217,8 @@ def _moments(y: np.ndarray, scores: list[np.ndarray], paired: bool) -> tuple[Pla
             moments_from_sums(*product_sums(controls, pairs), pairs, count=n0, denominator=2 * n1))
 
 
-def roc_test(y, s1, s2, paired: bool = True, *, alternative: str = "two.sided", conf_level: float = 0.95,
-             y2=None, names: tuple[str, str] = ("s1", "s2")) -> RocTest:
+def roc_test(y: ArrayLike, s1: ArrayLike, s2: ArrayLike, paired: bool = True, *, alternative: str = "two.sided",
+             conf_level: float = 0.95, y2: ArrayLike | None = None, names: tuple[str, str] = ("s1", "s2")) -> RocTest:
     """DeLong's test of two AUCs on pooled records (pROC ``roc.test(method = "delong")``, direction "<").
 
     Paired: `s1` and `s2` score the same records labelled `y`. Unpaired
@@ -264,7 +268,7 @@ def partial_area_sum(negatives: np.ndarray, positives: np.ndarray, focus: str, b
     return float(partial_areas(positives, negatives, case=False, bounds=bounds).sum())
 
 
-def partial_auc(y, s, specificity: Sequence[float] | None = None, correct: bool = False, *,
+def partial_auc(y: ArrayLike, s: ArrayLike, specificity: Sequence[float] | None = None, correct: bool = False, *,
                 sensitivity: Sequence[float] | None = None, allow_invalid_correct: bool = False) -> PartialAuc:
     """Partial AUC of pooled records over a specificity (or sensitivity) range, direction "<".
 
@@ -293,7 +297,7 @@ def assemble_coords(negatives: np.ndarray, positives: np.ndarray, *, best_weight
                      scores=np.unique(np.concatenate([negatives, positives])), **labels)
 
 
-def coords(y, s, *, best_weights: Sequence[float] = (1.0, 0.5)) -> RocCoords:
+def coords(y: ArrayLike, s: ArrayLike, *, best_weights: Sequence[float] = (1.0, 0.5)) -> RocCoords:
     """ROC coordinates of pooled records at pROC's thresholds (``coords(roc, "all")``), direction "<".
 
     ``.best("youden")`` and ``.best("closest.topleft")`` give pROC's

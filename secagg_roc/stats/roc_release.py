@@ -184,4 +184,5 @@ def privacy_record(policy: Policy, args: Mapping[str, Any], releases: int) -> di
 
 
 def mode_of(args: Mapping[str, Any]) -> str:
+    """The mode a result states: "dp", or "non-private" for the validation mode."""
     return "dp" if args["mode"] == "dp" else "non-private"

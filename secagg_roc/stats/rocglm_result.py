@@ -33,6 +33,7 @@ class AucTest:
 
 
 def logit(p: float) -> float:
+    """log(p / (1 - p))."""
     return math.log(p / (1.0 - p))
 
 

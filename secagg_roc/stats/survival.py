@@ -21,17 +21,18 @@ from fractions import Fraction
 from typing import Literal
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 Ties = Literal["strict", "half"]
 
 
-def sorted_reference(values) -> np.ndarray:
+def sorted_reference(values: ArrayLike) -> np.ndarray:
     """A reference sample as a sorted float array (the form survivor() expects)."""
     ref = np.sort(np.asarray(values, dtype=float).ravel())
     return ref
 
 
-def survivor(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> np.ndarray:
+def survivor(ref_sorted: np.ndarray, x: ArrayLike, ties: Ties = "strict") -> np.ndarray:
     """Empirical survivor function of the sorted sample `ref_sorted`, evaluated at `x`."""
     ref = np.asarray(ref_sorted, dtype=float)
     n = ref.size
@@ -48,7 +49,7 @@ def survivor(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> np.ndarray:
     raise ValueError(f"ties must be 'strict' or 'half', got {ties!r}")
 
 
-def placement_numerators(ref_sorted: np.ndarray, x, ties: Ties = "strict") -> tuple[np.ndarray, int]:
+def placement_numerators(ref_sorted: np.ndarray, x: ArrayLike, ties: Ties = "strict") -> tuple[np.ndarray, int]:
     """`survivor` as exact integers: (numerators, denominator) with ``survivor = numerators / denominator``.
 
     Strict: ``#{r > x} / n``; half: ``(2 #{r > x} + #{r = x}) / 2n``. Sums and
@@ -135,7 +136,7 @@ def _grid(n: int) -> np.ndarray:
     return np.linspace(0.0, 1.0, n)[1:-1]
 
 
-def check_thresholds(thresholds) -> np.ndarray:
+def check_thresholds(thresholds: ArrayLike) -> np.ndarray:
     """Thresholds as a float array strictly inside (0, 1), sorted and unique."""
     t = np.unique(np.asarray(thresholds, dtype=float).ravel())
     if t.size < 2:
