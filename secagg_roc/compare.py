@@ -24,7 +24,7 @@ import numpy as np
 from . import pooled
 from .errors import SecAggError
 from .policy import Policy
-from .sharing import make_scheme
+from .sharing import SharingScheme, make_scheme
 from .stats import brier_score, calibration_curve, roc_glm
 from .study import Study
 
@@ -60,7 +60,8 @@ class SchemeSetup:
         setup.build()  # fails here, with the scheme's own message, for a bad name or parameters
         return setup
 
-    def build(self):
+    def build(self) -> SharingScheme:
+        """The scheme this row runs under."""
         return make_scheme(self.scheme, self.n_aggregators, threshold=self.threshold)
 
     @property
@@ -108,7 +109,7 @@ class Comparison:
         from .compare_report import to_markdown
         return to_markdown(self)
 
-    def plot(self, path: str | None = None):
+    def plot(self, path: str | None = None) -> Any:
         """Errors and costs per row (needs the [plot] extra); saved to `path` if given."""
         from .compare_report import plot
         return plot(self, path)

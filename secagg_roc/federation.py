@@ -203,7 +203,8 @@ class LocalFederation(FaultInjection):
         query = self._query(name, params, frac_bits)
         return combine(self._run_round(query, sites), self.scheme, self.buffers)
 
-    def collect_dp(self, sites: Mapping[str, Site], name: str, params: Mapping[str, Any] | None):
+    def collect_dp(self, sites: Mapping[str, Site], name: str,
+                   params: Mapping[str, Any] | None) -> dict[str, dict[str, np.ndarray]]:
         """Run one per-site (DP) round at `sites`; site -> its released arrays, combined from forwarded shares."""
         query = self._query(name, params, None)
         return combine_forwarded(self._run_round(query, sites), self.scheme)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 import hashlib
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from .errors import ConfigError, PolicyError, SiteQueryError
 from .ledger import Ledger
 from .policy import DPPolicy, Policy
 from .queries import SiteData, lookup
+
+if TYPE_CHECKING:
+    from .transcript import Transcript
 
 __all__ = ["LocalStudy", "Study", "Totals", "site_noise_rng"]
 
@@ -195,21 +198,26 @@ class LocalStudy(Study):
         """Site `site`'s ledger (its releases and budget)."""
         return self.site_objects[site].ledger
 
-    def aggregate(self, query, params=None, *, frac_bits=None) -> Totals:
+    def aggregate(self, query: str, params: Mapping[str, Any] | None = None, *,
+                  frac_bits: int | None = None) -> Totals:
+        """One secure-sum round through the embedded federation (see `Study.aggregate`)."""
         if lookup(query).release != "secure":
             raise SiteQueryError(f"query {query!r} is a per-site (DP) release; use release_dp()")
         return self.federation.run_query(self.site_objects, query, params, frac_bits=frac_bits)
 
-    def release_dp(self, query, params=None):
+    def release_dp(self, query: str, params: Mapping[str, Any] | None = None) -> dict[str, dict[str, np.ndarray]]:
+        """One per-site (DP) round through the embedded federation (see `Study.release_dp`)."""
         if lookup(query).release != "dp":
             raise SiteQueryError(f"query {query!r} is not declared differentially private; use aggregate()")
         return self.federation.collect_dp(self.site_objects, query, params)
 
-    def release_mpc(self, query, params=None, *, frac_bits=None) -> float:
+    def release_mpc(self, query: str, params: Mapping[str, Any] | None = None, *,
+                    frac_bits: int | None = None) -> float:
+        """One round computed on jointly by the aggregators (see `Study.release_mpc`)."""
         if lookup(query).release != "mpc":
             raise SiteQueryError(f"query {query!r} is not computed on jointly by the aggregators")
         return self.federation.run_mpc(self.site_objects, query, params, frac_bits=frac_bits)
 
-    def transcript(self, party: str):
+    def transcript(self, party: str) -> Transcript:
         """What `party` received (see `LocalFederation.transcript`)."""
         return self.federation.transcript(party)

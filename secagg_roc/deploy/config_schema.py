@@ -12,10 +12,13 @@ import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Iterator, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, ClassVar, Iterator, Mapping, Sequence, Union
 
 from ..errors import ConfigError
 from ..policy import Policy
+
+if TYPE_CHECKING:
+    from ..sharing import SharingScheme
 
 __all__ = [
     "ROLES",
@@ -226,7 +229,7 @@ class StudyConfig:
                 f"study.min_sites = {self.min_sites}; they are one setting, given in [study]"
             )
 
-    def make_scheme(self):
+    def make_scheme(self) -> "SharingScheme":
         """The study's `SharingScheme` for its aggregators (`scheme` and `threshold` in [study])."""
         from ..sharing import make_scheme
 

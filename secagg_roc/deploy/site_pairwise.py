@@ -43,7 +43,7 @@ from .key_signing import KeySigner, KeyVerifier
 from .pairwise_relay import POLL_TYPE, pack, unpack
 
 if TYPE_CHECKING:
-    from .site_answers import SiteAnswers
+    from .site_answers import SiteAnswers, _Answer
 
 __all__ = ["SitePairwise", "LOG_KIND"]
 
@@ -155,7 +155,7 @@ class SitePairwise:
             raise RoundError(f"round {number}: this site masked its input already; it is not masked twice")
         self.answers.site.sessions[number] = c
 
-    async def agree(self, query: Query, client: AggregatorClient):
+    async def agree(self, query: Query, client: AggregatorClient) -> "_Answer | None":
         """Run by the Site before it answers round `query`: its key agreement; None, or the site's logged
         refusal of the round when the server went on without it (an unreachable server raises instead:
         the round comes back with the feed and is resumed from the log)."""

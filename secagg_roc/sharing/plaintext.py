@@ -8,10 +8,15 @@ site's input.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Mapping
+
 import numpy as np
 
 from .base import Payload, SharingScheme
 from .threat import ThreatModel
+
+if TYPE_CHECKING:
+    from ..ring import FixedPoint
 
 
 class PlaintextSharing(SharingScheme):
@@ -39,7 +44,8 @@ class PlaintextSharing(SharingScheme):
         """No randomness: the input goes in the clear."""
         return {}
 
-    def share(self, x, codec, *, holder=0, out=None, seeds=None, session=None):
+    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
+              seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
         """Run by a Site: the encoded input itself (`seeds`, if given, must be empty: there is no randomness)."""
         if seeds:
             raise ValueError("the plaintext baseline has no randomness to re-create from seeds")

@@ -13,7 +13,7 @@ hold all three components.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
@@ -21,6 +21,9 @@ from .. import prg
 from ..errors import TamperError
 from .base import Payload, SharingScheme
 from .threat import ThreatModel
+
+if TYPE_CHECKING:
+    from ..ring import FixedPoint
 
 
 class ReplicatedSharing(SharingScheme):
@@ -58,7 +61,8 @@ class ReplicatedSharing(SharingScheme):
         """The seeds of r_0 and r_1."""
         return {0: prg.new_seed(), 1: prg.new_seed()}
 
-    def share(self, x, codec, *, holder=0, out=None, seeds=None, session=None):
+    def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
+              seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
         """Run by a Site: encode and split, r_0 and r_1 from `seeds` when given (see `fresh_seeds`)."""
         return self.split(codec.encode(x, out=out), holder=holder, seeds=seeds)
 

@@ -276,7 +276,7 @@ class CalibrationCurve:
             lines.append(f"  {TRUSTED_HOST_NOTE}")
         return "\n".join(lines)
 
-    def plot(self, ax=None):
+    def plot(self, ax: Any = None) -> Any:
         """Reliability diagram: observed share of positives against mean prediction per released bin."""
         from ..plotting import plot_calibration
 

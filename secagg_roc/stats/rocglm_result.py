@@ -162,7 +162,7 @@ class RocGlmResult:
             + ([f"\tSites: {', '.join(self.contributors)}"] if self.contributors is not None else [])
         )
 
-    def plot(self, ax=None, *, empirical: bool = True):
+    def plot(self, ax: Any = None, *, empirical: bool = True) -> Any:
         """ROC curve of the ROC-GLM, with the empirical curve of the released scores when available."""
         from ..plotting import plot_roc
 
