@@ -39,6 +39,7 @@ import numpy as np
 from .dp.accounting import Charge, Spent, total
 from .errors import PolicyError
 from .policy import Policy
+from .site_sets import site_set
 
 
 #: Exact releases a ledger keeps one by one (the latest); older ones are only counted.
@@ -131,7 +132,7 @@ class Ledger:
 
     def check_exact(self, contributors: Iterable[str], records: int, data: str) -> None:
         """Refuse to contribute over `contributors` if it could be differenced against earlier releases (PolicyError)."""
-        new = frozenset(contributors)
+        new = site_set(contributors).members  # the same object for the same set: O(1) lookups below
         if not self.sets:
             return
         self.check_data(data)
@@ -159,7 +160,7 @@ class Ledger:
     def exact_entry(self, quantity: str, run: str, step: int, contributors: Iterable[str], records: int,
                     data: str) -> LedgerEntry:
         """The entry recording a contribution (persist it, then `apply` it, before sending the shares)."""
-        body = {"quantity": quantity, "run": run, "step": int(step), "contributors": sorted(contributors),
+        body = {"quantity": quantity, "run": run, "step": int(step), "contributors": site_set(contributors).names,
                 "records": int(records), "data": data}
         return LedgerEntry("exact", record=body)
 
@@ -204,7 +205,8 @@ class Ledger:
         """Add a persisted entry (also used to replay a database after a restart)."""
         body = entry.record()
         if entry.kind == "exact":
-            release = ExactRelease(body["quantity"], body["run"], int(body["step"]), tuple(body["contributors"]),
+            sites = site_set(body["contributors"])
+            release = ExactRelease(body["quantity"], body["run"], int(body["step"]), sites.names,
                                    int(body["records"]), body["data"])
             kept = self.exact.setdefault(release.quantity, {})
             if (release.run, release.step) not in kept:
@@ -216,8 +218,7 @@ class Ledger:
                     del self.exact[quantity][key]
                     if not self.exact[quantity]:
                         del self.exact[quantity]
-            key = frozenset(release.contributors)
-            self.sets[key] = min(self.sets.get(key, release.records), release.records)
+            self.sets[sites.members] = min(self.sets.get(sites.members, release.records), release.records)
             self.data_digests.add(release.data)
         elif entry.kind == "noisy":
             if body["key"] in self.noisy:

@@ -126,6 +126,23 @@ class Query(Message):
 
     @property
     def params(self) -> dict[str, Any]:
+        """The parameters as a JSON object (MessageError if they are not one); a fresh dict on every call."""
+        return dict(self._parsed())
+
+    @property
+    def contributors(self) -> tuple[Any, ...] | None:
+        """The contributor set the parameters name, as a tuple (None if they name no list).
+
+        The same tuple on every call: an embedded federation hands one message to every site, and each
+        site's check of the set (`site_sets.same_sites`) is then O(1) after the first."""
+        self._parsed()
+        return self.__dict__["_contributors"]
+
+    def _parsed(self) -> dict[str, Any]:
+        """Parse the parameters once per message (it is immutable); callers get copies."""
+        cached = self.__dict__.get("_params")
+        if cached is not None:
+            return cached
         try:
             value = json.loads(self.params_json)
         except ValueError as exc:
@@ -134,6 +151,10 @@ class Query(Message):
             raise MessageError("query parameters are nested too deeply") from None
         if not isinstance(value, dict):
             raise MessageError("query parameters must be a JSON object")
+        named = value.get("contributors")
+        # Set on the instance directly: the dataclass is frozen, and these are pure functions of its fields.
+        self.__dict__["_contributors"] = tuple(named) if isinstance(named, list) else None
+        self.__dict__["_params"] = value
         return value
 
 

@@ -47,6 +47,7 @@ from .queries.run import JOIN
 from .ring import FixedPoint
 from .sharing import SharingScheme
 from .site_releases import NoisyReleases
+from .site_sets import same_sites, site_set
 
 #: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
 MAX_PENDING_ROUNDS = 1024
@@ -99,7 +100,7 @@ class Site(NoisyReleases):
         #: Rounds answered and not yet released (the oldest are dropped: a round that never releases is dead).
         self.answered: OrderedDict[int, Answered] = OrderedDict()
         # The aggregator that gets the full correction vector rotates over sites.
-        self.holder = sorted(all_sites).index(self.name) % scheme.n_aggregators
+        self.holder = site_set(self.all_sites).position(self.name) % scheme.n_aggregators
         #: round number -> this site's state of an interactive scheme for that round (pairwise masking's keys).
         self.sessions: dict[int, object] = {}
         self._codecs: dict[tuple[int, bool], FixedPoint] = {}
@@ -199,7 +200,7 @@ class Site(NoisyReleases):
                 f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
                 f"plan: {problem}"
             )
-        if params.get("contributors") != list(info.contributors):
+        if not same_sites(query.contributors, site_set(info.contributors)):
             raise PolicyError(
                 f"site {self.name!r}: round {number} of run {run!r} names the contributor set "
                 f"{params.get('contributors')!r}, not the one of the join release it received"
@@ -362,7 +363,7 @@ class Site(NoisyReleases):
             self.runs.on_join_release(answered.run, contributors, records)
         else:
             info = self.runs.info(answered.run)
-            if info is not None and tuple(contributors) != info.contributors:
+            if info is not None and not same_sites(contributors, site_set(info.contributors)):
                 raise PolicyError(f"site {self.name!r}: a release of run {answered.run!r} over another set of sites")
             self.runs.on_release(answered.run, answered.step, release)
         del self.answered[number]

@@ -31,6 +31,7 @@ from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
 from ..queries.groups import label_problems
+from ..site_sets import site_set
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
 
 #: The filter `warnings.simplefilter("ignore")` puts first.
@@ -60,6 +61,7 @@ class SiteRuns:
         self.site = site
         self.policy = policy
         self.all_sites = tuple(all_sites)
+        self._all_sites = site_set(self.all_sites)
         self.runs: OrderedDict[str, _Run] = OrderedDict()
         #: Ids of runs no longer kept (insertion-ordered, the latest KEEP_FINISHED): refused if joined again.
         #: Forgetting the oldest is safe: a run id reused much later is a new run, checked like any.
@@ -153,14 +155,15 @@ class SiteRuns:
         state = self._state(run)
         if state.info is not None:
             return
-        contributors = tuple(sorted(contributors))
+        sites = site_set(contributors)  # one canonical set for every site of an embedded federation: O(1) here
+        contributors = sites.names
         problem = None
-        if self.site not in contributors:
+        if self.site not in sites.members:
             problem = "this site is not in the run's contributor set"
         elif len(contributors) < self.policy.min_sites:
             problem = f"{len(contributors)} contributing sites, fewer than min_sites = {self.policy.min_sites}"
-        elif not self.policy.allow_dropouts and set(contributors) != set(self.all_sites):
-            missing = sorted(set(self.all_sites) - set(contributors))
+        elif not self.policy.allow_dropouts and sites is not self._all_sites and sites.members != self._all_sites.members:
+            missing = sorted(self._all_sites.members - sites.members)
             problem = f"the policy allows no dropouts and {missing} did not join"
         info = RunInfo(run, state.plan.name, state.args, contributors, int(records))
         state.info = info
