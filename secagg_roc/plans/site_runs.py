@@ -100,7 +100,9 @@ class SiteRuns:
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
         self._check_queries(run, plan, canon, data)
-        problems = role_problems(data, plan.uses(canon))
+        roles = self.policy.roles
+        problems = role_problems(data, plan.uses(canon),
+                                 public_names=None if roles is None else {a for names in roles.values() for a in names})
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
             problems.append(f"fewer records than the {need} this analysis needs at each site")

@@ -1,0 +1,50 @@
+"""A red team playing a curious analyst against the embedded library API: attacks the other attack files
+do not play (tests/test_attacks_*.py). Each test plays one attack and checks that the analyst learns only
+what the policy allows."""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import secagg_roc as sr
+from secagg_roc import DPPolicy, Policy
+
+DP = DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05)
+
+
+def _data(seed=0, sizes=(40, 40, 40), **extra):
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, n in enumerate(sizes):
+        y = rng.integers(0, 2, n)
+        y[:6], y[6:12] = 1, 0
+        s = np.round(np.clip(0.3 * y + 0.6 * rng.random(n), 0, 1), 3)
+        out[f"h{k}"] = {"y": y, "s": s, **{a: f(rng, n) for a, f in extra.items()}}
+    return out
+
+
+def _refusal(call) -> str:
+    with pytest.raises(sr.SecAggError) as info, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        call()
+    return re.sub(r"run '[0-9a-f]+'", "run R", str(info.value))
+
+
+# 1 -- refusals that would tell the data ------------------------------------------------------------
+
+
+def test_a_missing_array_refusal_does_not_list_the_sites_arrays_outside_the_policys_roles():
+    # The policy names a second score that only h0 holds; asking for it makes h1 and h2 refuse the join.
+    # Their refusal must not tell the analyst the names of arrays the policy never exposes (a site holding
+    # "hiv_status" says so by its schema).
+    data = _data(hiv_status=lambda rng, n: rng.integers(0, 2, n))
+    data["h0"]["s_v2"] = data["h0"]["s"].copy()
+    study = sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["s", "s_v2"]}))
+    text = _refusal(lambda: sr.brier_score(study, "y", "s_v2"))
+    assert "no array named 's_v2'" in text  # still a clear error naming the problem
+    assert "hiv_status" not in text
+    assert "it has: s, y" in text  # the arrays the policy names, which the analyst may name anyway
