@@ -48,3 +48,38 @@ def test_a_missing_array_refusal_does_not_list_the_sites_arrays_outside_the_poli
     assert "no array named 's_v2'" in text  # still a clear error naming the problem
     assert "hiv_status" not in text
     assert "it has: s, y" in text  # the arrays the policy names, which the analyst may name anyway
+
+
+# 5 -- the secure AUC must reveal only the AUC ------------------------------------------------------------
+
+
+def _splits_fitting(auc: float, n: int) -> set[tuple[int, int]]:
+    """The class splits {P, N} of n records for which some fraction num / (2 P N) rounds to the released AUC,
+    at the decimals it was released with (the fewest that give it back)."""
+    d = next(d for d in range(16) if round(auc, d) == auc)
+    found = set()
+    for p in range(1, n):
+        den = 2 * p * (n - p)
+        k = round(auc * den)
+        if any(0 <= j <= den and round(j / den, d) == auc for j in (k - 1, k, k + 1)):
+            found.add(tuple(sorted((p, n - p))))
+    return found
+
+
+@pytest.mark.parametrize("seed", [2, 12, 27, 34])
+def test_a_rounded_secure_auc_over_a_small_run_does_not_give_the_class_sizes(seed):
+    # Three sites of 12-24 records. At four decimals the released AUC of these runs fitted one class split
+    # only: with the public record count, the analyst learned how many cases the study holds.
+    rng = np.random.default_rng(seed)
+    data = {}
+    for k, n in enumerate(rng.integers(12, 25, 3)):
+        y = rng.integers(0, 2, n)
+        y[:5], y[5:10] = 1, 0
+        data[f"h{k}"] = {"y": y, "p": np.round(np.clip(rng.normal(0.4 + 0.2 * y, 0.2), 0, 0.999), 3)}
+    study = sr.Study.local(data, policy=Policy(analyses=("secure_auc",), histogram_bins=1000,
+                                               roles={"label": ["y"], "score": ["p"]}))
+    auc = sr.secure_auc(study, label="y", score="p")
+    cases = sum(int(d["y"].sum()) for d in data.values())
+    splits = _splits_fitting(float(auc), auc.n_records)
+    assert tuple(sorted((cases, auc.n_records - cases))) in splits  # the value is the rounded AUC
+    assert len(splits) > 3, f"the analyst learns the class sizes: {splits}"
