@@ -83,3 +83,40 @@ def test_a_rounded_secure_auc_over_a_small_run_does_not_give_the_class_sizes(see
     splits = _splits_fitting(float(auc), auc.n_records)
     assert tuple(sorted((cases, auc.n_records - cases))) in splits  # the value is the rounded AUC
     assert len(splits) > 3, f"the analyst learns the class sizes: {splits}"
+
+
+# 2 -- a small group the categorical checks do not see ------------------------------------------------------
+
+
+def _outlier_study(x_of_outlier: float, label_of_outlier: int, jitter: bool):
+    rng = np.random.default_rng(3)
+    data = _data(3, x=lambda rng, n: (1e-7 * rng.random(n)) if jitter else rng.normal(0.0, 1.0, n))
+    data["h0"]["x"][20], data["h0"]["y"][20] = x_of_outlier, label_of_outlier
+    return sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["s"], "covariate": ["x"]}),
+                          transcripts=True)
+
+
+@pytest.mark.parametrize("x_of_outlier, jitter", [(1.0, True), (1000.0, False)])
+def test_a_covariate_dominated_by_one_record_keeps_its_site_out_of_the_glm(x_of_outlier, jitter):
+    # A rare binary jittered into 40 distinct values (1e-7 u, one record at 1), or a normal covariate with one
+    # value in other units (1000): no value repeats, so the categorical checks see a continuous column, yet the
+    # GLM's first score vector holds sum y x, which is the outlier's label (the fitted slope was -16.6 for
+    # label 0 and -2.9e5 for label 1). Such a covariate is a small group: the site does not join.
+    texts = set()
+    for label in (0, 1):
+        study = _outlier_study(x_of_outlier, label, jitter)
+        texts.add(_refusal(lambda: sr.fit_glm(study, "y", "x")))
+        released = [e for e in study.transcript("analyst") if e.kind in ("AggregateShare", "ForwardedShares")]
+        assert not released  # refused at the join: no record count, no sum of x or of y x
+    (text,) = texts  # the refusal does not depend on the outlier's label
+    assert "site 'h0' does not take part" in text and "covariate x is dominated by fewer than 5 records here" in text
+    assert "1000" not in text
+
+
+def test_a_heavy_tailed_covariate_without_a_dominating_group_still_fits():
+    data = _data(4, x=lambda rng, n: rng.lognormal(0.0, 1.0, n))
+    study = sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["s"], "covariate": ["x"]}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = sr.fit_glm(study, "y", "x")
+    assert np.all(np.isfinite(fit.coef))

@@ -18,7 +18,12 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   hospital's size, "teaching hospital") would single out the sites that share
   it, inside a run over all of them; and no weight is dominated by a few
   records (its largest ``min_cell - 1`` values holding more than half its
-  total: an (n, k)-dominance rule), since a weighted sum would then be theirs.
+  total: an (n, k)-dominance rule), since a weighted sum would then be theirs;
+  and no covariate's deviations from its median sit on fewer than ``min_cell``
+  records (its largest ``min_cell - 1`` holding more than (min_cell - 1) /
+  min_cell of their sum): a continuous covariate with one far outlier, or a
+  rare binary jittered into distinct values, is a small group in effect, and
+  the GLM's sum of y * x would be the outlier's label.
 
 A site whose data fail does not join the run; the refusal names the check,
 never a count or a value. What these checks cannot see -- a continuous
@@ -78,6 +83,16 @@ def _coarse(weights: np.ndarray) -> np.ndarray:
     return weights if top == 0 else np.round(weights / (top * WEIGHT_RESOLUTION)) * (top * WEIGHT_RESOLUTION)
 
 
+def _spread_dominated(values: np.ndarray, min_cell: int) -> bool:
+    """Whether the deviations of `values` from their median sit on fewer than `min_cell` records: their
+    largest ``min_cell - 1`` hold more than (min_cell - 1) / min_cell of the total, which a group of
+    ``min_cell`` equal deviations just meets."""
+    k = max(1, min_cell - 1)
+    d = np.sort(np.abs(values - np.median(values)))[::-1]
+    spread = float(d.sum())
+    return spread > 0 and float(d[:k].sum()) > (k / (k + 1)) * spread + 1e-12 * spread
+
+
 def _dominated(weights: np.ndarray, min_cell: int) -> bool:
     """Whether fewer than `min_cell` records carry a weighted sum, or its difference from an unweighted one.
 
@@ -94,9 +109,7 @@ def _dominated(weights: np.ndarray, min_cell: int) -> bool:
     total = float(w.sum())
     if total > 0 and float(w[:k].sum()) > DOMINANCE_SHARE * total:
         return True
-    d = np.sort(np.abs(weights - np.median(weights)))[::-1]
-    spread = float(d.sum())
-    return spread > 0 and float(d[:k].sum()) > (k / (k + 1)) * spread + 1e-12 * spread
+    return _spread_dominated(weights, min_cell)
 
 
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
@@ -132,10 +145,15 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if values.size == 1:
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
                 continue
+            rare = False
             if values.size <= CATEGORICAL_LEVELS and 2 * values.size <= column.size:  # values repeat: categories
-                if _small(counts, min_cell):
+                rare = _small(counts, min_cell)
+                if rare:
                     problems.append(f"{role} {name} has a value held by fewer than {min_cell} records here")
                 categorical.append((name, column))
+            if role == "covariate" and not rare and _spread_dominated(column, min_cell):
+                # One far outlier (or a rare binary jittered into distinct values): sum y * x would be its label.
+                problems.append(f"covariate {name} is dominated by fewer than {min_cell} records here")
     for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
         if _cross_small(a, b, min_cell):
             problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")
