@@ -89,7 +89,6 @@ def test_a_rounded_secure_auc_over_a_small_run_does_not_give_the_class_sizes(see
 
 
 def _outlier_study(x_of_outlier: float, label_of_outlier: int, jitter: bool):
-    rng = np.random.default_rng(3)
     data = _data(3, x=lambda rng, n: (1e-7 * rng.random(n)) if jitter else rng.normal(0.0, 1.0, n))
     data["h0"]["x"][20], data["h0"]["y"][20] = x_of_outlier, label_of_outlier
     return sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["s"], "covariate": ["x"]}),
