@@ -119,3 +119,17 @@ def test_a_heavy_tailed_covariate_without_a_dominating_group_still_fits():
         warnings.simplefilter("ignore")
         fit = sr.fit_glm(study, "y", "x")
     assert np.all(np.isfinite(fit.coef))
+
+
+def test_the_analyst_cannot_ask_a_small_runs_secure_auc_at_four_decimals():
+    # The decimals follow from the run's public record count at every site: a round asking for the old fixed
+    # four over 60 records does not follow any site's plan, so no site answers it.
+    data = _data(5, sizes=(20, 20, 20))
+    study = sr.Study.local(data, policy=Policy(analyses=("secure_auc",), histogram_bins=1000,
+                                               roles={"label": ["y"], "score": ["s"]}))
+    release_mpc = study.release_mpc
+    asked = []
+    study.release_mpc = lambda n, p=None, **kw: asked.append(p["decimals"]) or release_mpc(n, {**p, "decimals": 4}, **kw)
+    with pytest.raises(sr.PolicyError, match="'decimals' differs"):
+        sr.secure_auc(study, label="y", score="s")
+    assert asked == [3]  # floor(log10(60^2 / 2)): the plan's own precision for 60 records
