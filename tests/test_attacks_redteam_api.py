@@ -133,3 +133,23 @@ def test_the_analyst_cannot_ask_a_small_runs_secure_auc_at_four_decimals():
     with pytest.raises(sr.PolicyError, match="'decimals' differs"):
         sr.secure_auc(study, label="y", score="s")
     assert asked == [3]  # floor(log10(60^2 / 2)): the plan's own precision for 60 records
+
+
+def test_an_unrelated_array_of_another_length_does_not_switch_the_small_group_checks_off():
+    # h2 holds one record with a rare condition, and a scalar kept with its data (an npz file's "version"
+    # entry). The scalar made the site's record count 0 ("arrays of different lengths"), and the small-group
+    # checks, which skip sites of at most one record, were skipped: the GLM ran and its slope told the rare
+    # record's label (-0.074 for label 0, 0.023 for label 1).
+    texts = set()
+    for label in (0, 1):
+        data = {}
+        for k in range(3):
+            data[f"h{k}"] = {"y": np.arange(40) % 2, "rare": (np.arange(40) < 20).astype(float)}
+        data["h2"]["rare"][:] = 0.0
+        data["h2"]["rare"][20], data["h2"]["y"][20] = 1.0, label
+        data["h2"]["version"] = np.array(3)
+        study = sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["rare"]}), transcripts=True)
+        texts.add(_refusal(lambda: sr.fit_glm(study, "y", "rare")))
+        assert not [e for e in study.transcript("analyst") if e.kind in ("AggregateShare", "ForwardedShares")]
+    (text,) = texts
+    assert "site 'h2' does not take part" in text and "covariate rare has a value held by fewer than 5" in text

@@ -125,7 +125,11 @@ def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: in
 def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Covariates and weights of an analysis that would single out a small group at `site`; [] if none."""
     uses = list(uses)
-    if site.records() <= 1 or min_cell <= 1:
+    # The analysis's own arrays say how many records it reads: `site.records()` is 0 when any other array the
+    # site holds (a scalar "version" entry of an npz file) has another length, which switched every check off.
+    sizes = [int(np.asarray(site.arrays[name]).shape[0]) for _, name in uses
+             if name in site.arrays and np.ndim(site.arrays[name])]
+    if (min(sizes) if sizes else 0) <= 1 or min_cell <= 1:
         return []  # a single record, or a policy that sets no minimum group size (a simulation's choice)
     problems: list[str] = []
     labels = [(n, c) for role, name in uses if role == "label" for n, c in _columns(site, name, names)]
