@@ -153,3 +153,41 @@ def test_an_unrelated_array_of_another_length_does_not_switch_the_small_group_ch
         assert not [e for e in study.transcript("analyst") if e.kind in ("AggregateShare", "ForwardedShares")]
     (text,) = texts
     assert "site 'h2' does not take part" in text and "covariate rare has a value held by fewer than 5" in text
+
+
+# 2 -- differencing two arrays of one role ---------------------------------------------------------------
+
+
+def _outcomes_study(differ: int):
+    """Two outcome definitions (death within 30 and within 90 days) that differ in `differ` patients of h1."""
+    rng = np.random.default_rng(1)
+    data = {}
+    for k in range(3):
+        y30 = (np.arange(40) % 2).astype(int)
+        data[f"h{k}"] = {"y30": y30, "y90": y30.copy(), "p": np.round(rng.random(40), 4), "age": rng.normal(60, 10, 40)}
+    data["h1"]["y90"][10:10 + 2 * differ:2] = 1  # died between day 30 and day 90
+    policy = Policy(roles={"label": ["y30", "y90"], "score": ["p"], "covariate": ["age"]})
+    return data, sr.Study.local(data, policy=policy, transcripts=True)
+
+
+def test_two_labels_that_differ_in_one_record_do_not_give_its_score():
+    # Brier(y30) - Brier(y90) over the same records is (p^2 - (p - 1)^2) / n = (2p - 1) / n for the one patient
+    # whose outcomes differ: the analyst recovered its exact score (0.6913), and two GLMs its age. The site
+    # whose two labels differ in a small group does not join either run.
+    texts = set()
+    for label in ("y30", "y90"):
+        for differ in (1, 4):
+            _, study = _outcomes_study(differ)
+            texts.add(_refusal(lambda: sr.brier_score(study, label, "p")))
+            assert not [e for e in study.transcript("analyst") if e.kind in ("AggregateShare", "ForwardedShares")]
+        texts.add(_refusal(lambda: sr.fit_glm(study, label, "age")).replace("(glm)", "(brier)"))
+    assert len(texts) == 2  # the count (1 or 4) does not show; only which label was asked for
+    for text in texts:
+        assert "site 'h1' does not take part" in text and re.search(r"label y(30|90) differs from y(30|90) in fewer "
+                                                                    r"than 5 records here", text)
+
+
+def test_two_labels_that_differ_in_a_group_of_min_cell_records_are_both_used():
+    data, study = _outcomes_study(5)
+    b30, b90 = sr.brier_score(study, "y30", "p"), sr.brier_score(study, "y90", "p")
+    assert float(b30) != float(b90)  # the five patients' scores together: a released cell of 5 records

@@ -30,7 +30,7 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
-from ..queries.groups import label_problems
+from ..queries.groups import label_problems, near_copies
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
 
 #: The filter `warnings.simplefilter("ignore")` puts first.
@@ -108,6 +108,8 @@ class SiteRuns:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
         if not problems:
             problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
+            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count,
+                                    lambda role: None if roles is None else roles.get(role, ()))
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
         if problems:
