@@ -30,7 +30,7 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
-from ..queries.groups import label_problems
+from ..queries.groups import label_problems, near_copies
 from ..site_sets import site_set
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
 
@@ -102,12 +102,16 @@ class SiteRuns:
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
         self._check_queries(run, plan, canon, data)
-        problems = role_problems(data, plan.uses(canon))
+        roles = self.policy.roles
+        problems = role_problems(data, plan.uses(canon),
+                                 public_names=None if roles is None else {a for names in roles.values() for a in names})
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
         if not problems:
             problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
+            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count,
+                                    lambda role: None if roles is None else roles.get(role, ()))
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
         if problems:

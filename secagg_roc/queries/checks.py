@@ -10,7 +10,7 @@ could turn a refusal into a probe.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Collection, Iterable
 
 import numpy as np
 
@@ -32,11 +32,14 @@ def _all_finite(values: np.ndarray) -> bool:
     return bool(np.isfinite(np.minimum.reduce(values, axis=None)) and np.isfinite(np.maximum.reduce(values, axis=None)))
 
 
-def _problem(site: SiteData, role: str, name: str, detail: bool) -> tuple[str | None, int | None]:
+def _problem(site: SiteData, role: str, name: str, detail: bool,
+             public_names: Collection[str] | None) -> tuple[str | None, int | None]:
     """(what is wrong with array `name` as a `role`, its number of records)."""
     if name not in site.arrays:
-        have = ", ".join(sorted(site.arrays)) or "none"
-        return f"no array named {name!r} (it has: {have})", None
+        # The names of a site's arrays are its data too: the analyst is told only those it may name anyway.
+        shown = sorted(site.arrays) if detail or public_names is None else sorted(set(site.arrays) & set(public_names))
+        have = f" (it has: {', '.join(shown) or 'none'})" if detail or shown else ""
+        return f"no array named {name!r}{have}", None
     a = np.asarray(site.arrays[name])
     if a.ndim == 0 or not _numeric(a):
         return f"{role} array {name!r} must be numeric with one entry per record", None
@@ -59,16 +62,21 @@ def _problem(site: SiteData, role: str, name: str, detail: bool) -> tuple[str | 
     return None, n
 
 
-def role_problems(site: SiteData, uses: Iterable[tuple[str, str]], *, detail: bool = False) -> list[str]:
+def role_problems(site: SiteData, uses: Iterable[tuple[str, str]], *, detail: bool = False,
+                  public_names: Collection[str] | None = ()) -> list[str]:
     """What is wrong with `site`'s arrays for the (role, array) pairs of an analysis; [] if nothing.
 
-    With `detail` (for the site's operator) problems carry counts; without it
-    (for a refusal the analyst sees) they name the array and the check only.
+    With `detail` (for the site's operator) problems carry counts and a missing
+    array's message lists every array the site holds; without it (for a refusal
+    the analyst sees) they name the array and the check only, and list of the
+    site's arrays only those in `public_names` (the arrays the policy's roles
+    name; None: every name, as under a policy without roles, where the analyst
+    may name any array anyway).
     """
     problems: list[str] = []
     lengths: dict[str, int] = {}
     for role, name in uses:
-        problem, n = _problem(site, role, name, detail)
+        problem, n = _problem(site, role, name, detail, public_names)
         if problem is not None:
             problems.append(problem)
         if n is not None:

@@ -8,6 +8,9 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
 
 * every class of a label holds 0 or at least ``min_cell`` records, in every
   analysis (`label_problems`);
+* no array of an analysis differs from another array of its role in 1..min_cell-1
+  records (`near_copies`): two outcome definitions that differ in one patient
+  would give two totals whose difference is that patient's;
 * for the analyses that sum products of covariates (the GLM, column sums:
   `small_groups`), a categorical column (at most `CATEGORICAL_LEVELS` distinct
   values, each held by two records on average) used as a covariate or as
@@ -18,7 +21,12 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   hospital's size, "teaching hospital") would single out the sites that share
   it, inside a run over all of them; and no weight is dominated by a few
   records (its largest ``min_cell - 1`` values holding more than half its
-  total: an (n, k)-dominance rule), since a weighted sum would then be theirs.
+  total: an (n, k)-dominance rule), since a weighted sum would then be theirs;
+  and no covariate's deviations from its median sit on fewer than ``min_cell``
+  records (its largest ``min_cell - 1`` holding more than (min_cell - 1) /
+  min_cell of their sum): a continuous covariate with one far outlier, or a
+  rare binary jittered into distinct values, is a small group in effect, and
+  the GLM's sum of y * x would be the outlier's label.
 
 A site whose data fail does not join the run; the refusal names the check,
 never a count or a value. What these checks cannot see -- a continuous
@@ -78,6 +86,16 @@ def _coarse(weights: np.ndarray) -> np.ndarray:
     return weights if top == 0 else np.round(weights / (top * WEIGHT_RESOLUTION)) * (top * WEIGHT_RESOLUTION)
 
 
+def _spread_dominated(values: np.ndarray, min_cell: int) -> bool:
+    """Whether the deviations of `values` from their median sit on fewer than `min_cell` records: their
+    largest ``min_cell - 1`` hold more than (min_cell - 1) / min_cell of the total, which a group of
+    ``min_cell`` equal deviations just meets."""
+    k = max(1, min_cell - 1)
+    d = np.sort(np.abs(values - np.median(values)))[::-1]
+    spread = float(d.sum())
+    return spread > 0 and float(d[:k].sum()) > (k / (k + 1)) * spread + 1e-12 * spread
+
+
 def _dominated(weights: np.ndarray, min_cell: int) -> bool:
     """Whether fewer than `min_cell` records carry a weighted sum, or its difference from an unweighted one.
 
@@ -94,9 +112,7 @@ def _dominated(weights: np.ndarray, min_cell: int) -> bool:
     total = float(w.sum())
     if total > 0 and float(w[:k].sum()) > DOMINANCE_SHARE * total:
         return True
-    d = np.sort(np.abs(weights - np.median(weights)))[::-1]
-    spread = float(d.sum())
-    return spread > 0 and float(d[:k].sum()) > (k / (k + 1)) * spread + 1e-12 * spread
+    return _spread_dominated(weights, min_cell)
 
 
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
@@ -109,10 +125,41 @@ def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: in
     ]
 
 
+def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
+                same_role: Callable[[str], Iterable[str] | None]) -> list[str]:
+    """Arrays of an analysis that another array of the same role differs from in 1..min_cell-1 records here.
+
+    Two such arrays give the same total twice over records that differ in a small group: two outcome
+    definitions (death within 30 and within 90 days) that differ in one patient make two Brier scores give
+    that patient's exact score, and two GLMs its covariates. `same_role(role)` names the arrays the policy
+    gives that role (None: every array of the site, as under a policy without roles)."""
+    if min_cell <= 1:
+        return []
+    problems: list[str] = []
+    for role, name in uses:
+        if name not in site.arrays:
+            continue
+        a = np.asarray(site.arrays[name])
+        others = same_role(role)
+        for other in sorted(site.arrays if others is None else set(others) & set(site.arrays)):
+            b = np.asarray(site.arrays[other])
+            if other == name or b.shape != a.shape or a.ndim == 0:
+                continue
+            differ = a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1)
+            count = int(np.count_nonzero(differ.any(axis=1)))
+            if 0 < count < min_cell:
+                problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here")
+    return problems
+
+
 def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Covariates and weights of an analysis that would single out a small group at `site`; [] if none."""
     uses = list(uses)
-    if site.records() <= 1 or min_cell <= 1:
+    # The analysis's own arrays say how many records it reads: `site.records()` is 0 when any other array the
+    # site holds (a scalar "version" entry of an npz file) has another length, which switched every check off.
+    sizes = [int(np.asarray(site.arrays[name]).shape[0]) for _, name in uses
+             if name in site.arrays and np.ndim(site.arrays[name])]
+    if (min(sizes) if sizes else 0) <= 1 or min_cell <= 1:
         return []  # a single record, or a policy that sets no minimum group size (a simulation's choice)
     problems: list[str] = []
     labels = [(n, c) for role, name in uses if role == "label" for n, c in _columns(site, name, names)]
@@ -132,10 +179,15 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if values.size == 1:
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
                 continue
+            rare = False
             if values.size <= CATEGORICAL_LEVELS and 2 * values.size <= column.size:  # values repeat: categories
-                if _small(counts, min_cell):
+                rare = _small(counts, min_cell)
+                if rare:
                     problems.append(f"{role} {name} has a value held by fewer than {min_cell} records here")
                 categorical.append((name, column))
+            if role == "covariate" and not rare and _spread_dominated(column, min_cell):
+                # One far outlier (or a rare binary jittered into distinct values): sum y * x would be its label.
+                problems.append(f"covariate {name} is dominated by fewer than {min_cell} records here")
     for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
         if _cross_small(a, b, min_cell):
             problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")

@@ -19,6 +19,7 @@ aggregators), as any exact aggregate is.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any, Generator
 
 from ..errors import PolicyError
@@ -55,8 +56,19 @@ class SecureAuc(float):
 
 #: Decimals of the AUC released when the policy's small-group rules are on (min_cell_count > 1): the exact
 #: AUC is a fraction num / (2 P N), and with the public record count its float would give the class sizes.
-#: Rounded, some numerator fits every split once P N > 5,000 (from about 150 balanced records on).
+#: Rounded, some numerator fits every split once P N > 5,000 (from about 150 balanced records on); smaller
+#: runs get fewer decimals (`auc_decimals`).
 AUC_DECIMALS = 4
+
+
+def auc_decimals(records: int) -> int:
+    """The decimals of a rounded secure AUC over `records` records (public): at most `AUC_DECIMALS`, and few
+    enough that the rounding step 10^-d is at least 2 / n^2, the spacing 1 / (2 P N) of the fractions num / 2PN
+    of a balanced split. Four decimals over 50 records left one split (P, N) the released value fits in some
+    runs (a red-team test): the class sizes, which the secure AUC does not reveal. Run by the Analyst and by
+    each Site, from the run's public record count."""
+    n = max(int(records), 2)
+    return max(0, min(AUC_DECIMALS, math.floor(math.log10(n * n / 2.0))))
 
 
 def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +94,7 @@ def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step,
     lo, hi = ctx.policy.score_range
     # The release's precision is a parameter of the round: every site checks it against its own plan, so the
     # aggregators that round the AUC (`released_auc`) do as the policy says, not as the analyst would like.
-    decimals = None if ctx.policy.min_cell_count == 1 else AUC_DECIMALS
+    decimals = None if ctx.policy.min_cell_count == 1 else auc_decimals(ctx.run.records)
     params = {"label": args["label"], "score": args["score"], "score_range": [lo, hi], "bins": args["bins"],
               "decimals": decimals}
     groups = suppression_groups(ctx.policy, args["bins"])
