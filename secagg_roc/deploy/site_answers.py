@@ -215,6 +215,10 @@ class SiteAnswers:
         self.compactor.reorder()
         self.compactor.settled()  # on start: an old log, or one a crash left long
 
+    def forget_rounds(self, numbers: set[int]) -> None:
+        """Run by the Site's compactor once the rounds `numbers` settled and left its log: drop what is kept
+        in memory per round beyond the answers (nothing here; `SiteAgent` keeps its pushes and fetches)."""
+
     def _cached(self, query: Query) -> _Answer | None:
         """This site's answer to `query`'s round number so far: logged, or the refusal of a retired number."""
         return self.answers.get(query.round_id.number) or self.compactor.refusal(query)
