@@ -9,7 +9,9 @@ before the fix it names:
 - a join whose arguments hold a megabyte of ``[[],[],...]``: the aggregator kept the parsed parameters with
   the round, ~24 MB per round (20 such joins: +490 MB, and each later parse of them stalled its event loop);
   a run id or analysis name of a megabyte was kept with the run;
-- a site agent kept a task and two tuples per round it answered (its pushes and release fetches) for ever.
+- a site agent kept a task and two tuples per round it answered (its pushes and release fetches) for ever;
+- a site refusing a join whose array name is a megabyte long echoed it whole: into its log, its database,
+  and every aggregator's copy of the round (a megabyte per site per round, kept with the round).
 
 And what held, kept as tests because nothing tested it: ``/v1/reserve`` and ``/v1/unreserve`` with every
 party, body kind and framing (chunked, pipelined) answer 4xx naming the problem and change nothing.
@@ -29,12 +31,14 @@ import pytest
 import secagg_roc.stats as sr
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.site_agent import SiteAgent
+from secagg_roc.deploy.site_answers import MAX_REFUSAL_CHARS
 from secagg_roc.deploy.site_log import default_state_path
 from secagg_roc.messages import CloseRound, Query, RoundId, StatusRequest, decode
 from secagg_roc.plans.runner import join_params
 from secagg_roc.queries import canonical_params, json_digest, params_json
 from secagg_roc.queries.run import JOIN
 
+from deploy_client import call_as, join_query
 from test_attacks_deploy_robustness import Health, error_text, exchange, head, infos, open_round, post, rss_bytes, tls
 
 pytestmark = pytest.mark.slow
@@ -198,4 +202,23 @@ def test_a_join_with_a_megabyte_of_crafted_arguments_costs_the_aggregator_its_by
         assert status == 200, (status, reply[:300])
     grown = rss_bytes(cluster, "agg-1") - before
     assert grown < 80 * MiB, f"{grown / MiB:.0f} MB held by 6 open joins of 1 MB"  # was ~150 MB
+    health.check()
+
+
+def test_a_site_refusing_a_request_that_quotes_a_megabyte_sends_and_keeps_a_bounded_text(cluster) -> None:
+    """Each site echoed a megabyte array name into its refusal: its log file, its database and snapshot, and
+    every aggregator's copy of the round (one per site) grew by a megabyte per such round."""
+    health = Health(cluster)
+    number = max(i["next_number"] for i in infos(cluster))
+    query = join_query(cluster.config, number, "rw-echo", "sum", {"array": "x" * (MiB - 600)})
+    for j in (0, 1):
+        assert post(cluster, "analyst", "/v1/message", query.encode(), j)[0] == 200
+    end, frames = time.monotonic() + 10, []
+    while len(frames) < 1 + len(SITES) and time.monotonic() < end:
+        frames = call_as(cluster, "analyst", 0, lambda c: c.status(StatusRequest(query.round_id), 1.0))
+    refusals = frames[1:]
+    assert [r.text.split("'")[1] for r in refusals] == list(SITES), frames
+    for r in refusals:  # the rule and the start of the name, not the megabyte (was 1,048,106 characters)
+        assert len(r.text) <= MAX_REFUSAL_CHARS + 100 and "no array named 'xxx" in r.text, r.text[:300]
+        assert r.text.endswith("more characters of the request it quoted)"), r.text[-200:]
     health.check()
