@@ -26,7 +26,8 @@ the analyst never opened. For each round it then:
 3. pushes share j to aggregator j (a refusal to every aggregator), retrying
    with backoff while the round can still use it; resubmitting the identical
    share is idempotent at the aggregator. A refusal is logged and reported to
-   the analyst; its text names the rule, never a data value;
+   the analyst; its text names the rule, never a data value (at most
+   `site_answers.MAX_REFUSAL_CHARS` characters, whatever of the request it quotes);
 4. fetches the round's release from every aggregator once it is released
    (`/v1/release`: only a contributing site gets it; `site_fetch`), logs it, and hands it to
    `Site.receive_release`, which combines the aggregators' shares itself and
