@@ -107,8 +107,9 @@ class Aggregator:
         """Every run this aggregator has seen (see `runbook.RunBook`)."""
         return self.runbook.runs
 
-    def open(self, query: Query) -> RoundStatus:
-        """Open the round for `query` (idempotent for the same query)."""
+    def open(self, query: Query, params: dict | None = None) -> RoundStatus:
+        """Open the round for `query` (idempotent for the same query); `params`: its parameters if the caller
+        parsed them already (a query's text may be a megabyte: it is parsed once)."""
         rid = query.round_id
         self._check_study(rid)
         expected = message_digest(rid.study, query.name, query.params_json, query.frac_bits)
@@ -128,7 +129,8 @@ class Aggregator:
                              "which this aggregator does not do; it opens no such round")
         if self.open_rounds() >= self.max_open_rounds:
             raise RoundError(f"aggregator {self.index} already has {self.max_open_rounds} open rounds; close some first")
-        params = query.params  # parsed once: the round keeps it for its run's checks at the close
+        if params is None:
+            params = query.params  # parsed once: the round keeps what its run's checks read at the close
         self.runbook.check_open(query, params,
                                 lambda n: n in self.rounds and self.rounds[n].released_over is not None)
         self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers, params=params)

@@ -24,6 +24,7 @@ from .errors import MessageError, PrivacyError, RoundError
 from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundStatus, check_name
 from .queries import QUERIES
 from .ring import Encoding
+from .runbook import rule_params
 from .sharing import Payload, SharingScheme
 from .wire import NAME_RE
 
@@ -69,9 +70,9 @@ class Round:
         *, params: dict | None = None,
     ):
         self.query = query
-        #: The query's parameters, parsed once (by the aggregator that opened the round, or here): this
-        #: aggregator's own copy, which only it reads.
-        self.params = query.params if params is None else params
+        #: The parameters its run's rules read (`runbook.rule_params`), parsed once (by the aggregator that
+        #: opened the round, or here): this aggregator's own copy, which only it reads.
+        self.params = rule_params(query.params if params is None else params, policy.sites)
         self.buffers = buffers
         self.round_id = query.round_id
         self.index = index

@@ -152,7 +152,7 @@ class AggregatorState:
         r = self.core.rounds.get(number)
         if r is None or r.query.name == JOIN:
             return frozenset(self.sites)
-        run_id = r.query.params.get("run")
+        run_id = r.params.get("run")  # (parsed once at the open: a site's poll parses nothing)
         run = self.core.runs.get(run_id) if isinstance(run_id, str) else None
         if run is None or run.contributors is None:
             return frozenset(self.sites)
@@ -275,7 +275,8 @@ class AggregatorState:
             if rid.number in self.abandoned:
                 raise RoundError(f"{rid} was abandoned after its deadline; open a new round")
             return Applied(self.status(rid), False)  # the same query again: idempotent
-        if query.name == JOIN and query.params.get("policy") != self.policy_digest:
+        params = query.params  # once (the digest parsed the text too, or found it memoised)
+        if query.name == JOIN and params.get("policy") != self.policy_digest:
             raise PolicyError(
                 f"{rid}: the run is declared under another policy than this study's [policy] "
                 "(the analyst's study file differs from the aggregators')"
@@ -285,7 +286,7 @@ class AggregatorState:
                 f"aggregator {self.name!r} already has {self.config.max_open_rounds} open rounds (max_open_rounds); "
                 "close some first or wait until they are abandoned"
             )
-        reply = self.core.open(query)  # a run's rounds only, in the order of its plan (PolicyError otherwise)
+        reply = self.core.open(query, params)  # a run's rounds only, in the order of its plan (PolicyError otherwise)
         self.numbers[rid.number] = _Number(rid, at)
         self.feed[self.feed_len] = (rid.number, body or query.encode())
         self.feed_len += 1

@@ -26,7 +26,8 @@ the analyst never opened. For each round it then:
 3. pushes share j to aggregator j (a refusal to every aggregator), retrying
    with backoff while the round can still use it; resubmitting the identical
    share is idempotent at the aggregator. A refusal is logged and reported to
-   the analyst; its text names the rule, never a data value;
+   the analyst; its text names the rule, never a data value (at most
+   `site_answers.MAX_REFUSAL_CHARS` characters, whatever of the request it quotes);
 4. fetches the round's release from every aggregator once it is released
    (`/v1/release`: only a contributing site gets it; `site_fetch`), logs it, and hands it to
    `Site.receive_release`, which combines the aggregators' shares itself and
@@ -130,19 +131,21 @@ class SiteAgent(SiteAnswers):
         #: New rounds offered so far: answered once as many aggregators offer one as the scheme needs.
         self.offers = RoundOffers(min(self.scheme.threshold, len(self.clients)), len(self.clients))
         self.feed_limit = feed_reply_limit(config)  # a bigger feed reply is that aggregator's failure
-        self._replay()  # after the connections are set up: a missing key is reported before the log is read
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
         self._fetches: dict[int, asyncio.Task] = {}
         self._tasks: set[asyncio.Task] = set()
         self._lock: asyncio.Lock | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        self._replay()  # after the connections are set up: a missing key is reported before the log is read
 
     # -- the loop ----------------------------------------------------------------
 
     async def run(self, stop: asyncio.Event) -> None:
         """Follow every aggregator's feed until `stop` is set."""
         self._lock = asyncio.Lock()
+        self._loop = asyncio.get_running_loop()
         self._stopping = False
         for number, answer in sorted(self.answers.items()):
             if answer.kind == "shares" and number not in self.settled:
@@ -282,6 +285,22 @@ class SiteAgent(SiteAnswers):
         except asyncio.TimeoutError:
             raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
                            "which the aggregators do not have yet") from None
+
+    def forget_rounds(self, numbers: set[int]) -> None:
+        """Settled rounds left the log (`site_compaction`): forget which aggregators took their answers and
+        their release fetches. These grew by a task and a few tuples with every round, for ever (about a
+        kilobyte a round: an analyst running cheap rounds grew every site agent without bound). Should an
+        aggregator offer such a round again, its answer is pushed again (idempotent) or it is settled."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._forget_now(set(numbers))
+        else:  # (called by the compactor in a worker thread: the event loop owns these)
+            loop.call_soon_threadsafe(self._forget_now, set(numbers))
+
+    def _forget_now(self, numbers: set[int]) -> None:
+        self._acked = {k for k in self._acked if k[0] not in numbers}
+        for n in numbers:
+            self._fetches.pop(n, None)  # (a fetch still running stays in `_tasks` until it ends)
 
     # -- releases ----------------------------------------------------------------
 

@@ -64,6 +64,10 @@ __all__ = ["SiteAnswers"]
 log = logging.getLogger("secagg_roc.site")
 
 
+#: The longest refusal text a site sends (and logs): the rule, and the start of what of the request it quotes.
+MAX_REFUSAL_CHARS = 2048
+
+
 def _refusal_of(site: str, query: Query, exc: BaseException) -> ErrorReply:
     """The reply a refusing site sends; the text names the site (and never a record value)."""
     code = type(exc).__name__ if type(exc).__name__ in ERROR_CLASSES else "SiteQueryError"
@@ -78,6 +82,11 @@ def _refusal_of(site: str, query: Query, exc: BaseException) -> ErrorReply:
         text = f"query {query.name!r} failed with {type(exc).__name__}; details are in the site's log"
     if not text.startswith(f"site {site!r}"):
         text = f"site {site!r}: {text}"
+    if len(text) > MAX_REFUSAL_CHARS:
+        # A rule's text may quote the request (an array name the analyst made a megabyte long): what the
+        # site logs, keeps in its snapshot and sends to every aggregator is bounded, not an echo of it.
+        more = len(text) - MAX_REFUSAL_CHARS
+        text = f"{text[:MAX_REFUSAL_CHARS]}... ({more} more characters of the request it quoted)"
     return ErrorReply(code, text)
 
 
@@ -214,6 +223,10 @@ class SiteAnswers:
                 self.pairwise.forget(number)
         self.compactor.reorder()
         self.compactor.settled()  # on start: an old log, or one a crash left long
+
+    def forget_rounds(self, numbers: set[int]) -> None:
+        """Run by the Site's compactor once the rounds `numbers` settled and left its log: drop what is kept
+        in memory per round beyond the answers (nothing here; `SiteAgent` keeps its pushes and fetches)."""
 
     def _cached(self, query: Query) -> _Answer | None:
         """This site's answer to `query`'s round number so far: logged, or the refusal of a retired number."""

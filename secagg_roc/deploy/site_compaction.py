@@ -259,6 +259,7 @@ class SiteCompactor:
                 a.settled.add(n)
         numbers = set(a.queries)
         a.steps = {k: n for k, n in a.steps.items() if n in numbers}
+        a.forget_rounds(self._gone)  # and what the network side keeps per round (`SiteAgent`)
 
     def refusal(self, query: Query) -> "_Answer | None":
         """A retired round number this site no longer holds: its refusal (not logged; see the docstring)."""

@@ -11,7 +11,6 @@ differentially private, secret-shared and forwarded unsummed (``release="dp"``).
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import math
@@ -22,6 +21,7 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 
 from ..errors import SiteQueryError
+from .memo import SizedMemo
 
 #: "secure": summed and released; "dp": per-site values forwarded unsummed; "mpc": summed and *kept* by the
 #: aggregators, who compute only a declared function of the total (the secure AUC) and release that.
@@ -277,13 +277,8 @@ def _quoted(name: str) -> str:
 _NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}\Z")
 
 
-@functools.lru_cache(maxsize=4096)
-def message_digest(study: str, name: str, params_json: str, frac_bits: int) -> bytes:
-    """`query_digest` of a `Query` message's own fields: what every party recomputes before it trusts a round.
-
-    A pure function of its (string) arguments, so it is memoised: the analyst, each aggregator and each
-    site check the same message, and a long run checks one query shape many times. Raises
-    `MessageError` (from the decoding) for parameters that are not a JSON object."""
+def _message_digest(study: str, name: str, params_json: str, frac_bits: int) -> bytes:
+    """`message_digest`, computed."""
     from ..messages import Query, RoundId
 
     params = Query(RoundId(study, 0, bytes(32)), name, params_json, frac_bits).params
@@ -295,6 +290,14 @@ def message_digest(study: str, name: str, params_json: str, frac_bits: int) -> b
     except (ValueError, RecursionError):
         pass  # refused below, with the reason
     return query_digest(study, name, params, frac_bits)
+
+
+#: `query_digest` of a `Query` message's own fields (study, name, parameter text, precision): what every party
+#: recomputes before it trusts a round. A pure function of its (string) arguments, so it is memoised (the
+#: analyst, each aggregator and each site check the same message, and a long run checks one query shape many
+#: times), within a bound on the parameter text it holds (`memo`: refused queries must not pile up). Raises
+#: `MessageError` (from the decoding) for parameters that are not a JSON object.
+message_digest = SizedMemo(_message_digest, lambda key: len(key[2]) + len(key[0]) + len(key[1]))
 
 
 def quantity_digest(study: str, name: str, params: Mapping[str, Any] | None, frac_bits: int = 32, *,

@@ -1,0 +1,56 @@
+"""A memo of digests bounded in bytes as well as in entries: `SizedMemo`.
+
+Run by every party (`registry.message_digest`: the analyst, each aggregator and
+each site recompute the digest of every query they are handed). A memo keyed by
+the query's parameter text holds that text for as long as the entry lives: with
+`functools.lru_cache(maxsize=4096)` an analyst sending 4,096 refused queries
+of 1 MiB of parameters each (the wire's string limit) made an aggregator hold
+4 GiB, and every refusal cost it a megabyte for good. Here the entries' text
+counts against `max_chars`, and the least recently used entries go first; a
+text larger than `max_chars / 8` is never memoised (it is computed each time:
+an honest party sends such a query once per round at most).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Callable, Hashable
+
+__all__ = ["SizedMemo"]
+
+
+class SizedMemo:
+    """`fn(*key)` memoised for at most `max_entries` keys whose `size(key)` sum to at most `max_chars`."""
+
+    def __init__(self, fn: Callable[..., bytes], size: Callable[[tuple], int], *, max_entries: int = 4096,
+                 max_chars: int = 16 << 20):
+        self.fn = fn
+        self.size = size
+        self.max_entries = max_entries
+        self.max_chars = max_chars
+        self.chars = 0
+        self._items: OrderedDict[Hashable, tuple[bytes, int]] = OrderedDict()
+        self._lock = threading.Lock()  # sites compute digests in worker threads
+
+    def __call__(self, *key: object) -> bytes:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit[0]
+        value = self.fn(*key)  # raises for a bad query: nothing is memoised
+        n = self.size(key)
+        if n > self.max_chars // 8:
+            return value
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = (value, n)
+                self.chars += n
+                while len(self._items) > self.max_entries or self.chars > self.max_chars:
+                    _, (_, gone) = self._items.popitem(last=False)
+                    self.chars -= gone
+        return value
+
+    def __len__(self) -> int:
+        return len(self._items)
