@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .errors import MessageError
+from .memo import SizedMemo
 from .ring import Encoding
 from .wire import (  # noqa: F401  (re-exported: the identifiers and format constants callers import from here)
     DIGEST_BYTES,
@@ -127,35 +128,36 @@ class Query(Message):
     @property
     def params(self) -> dict[str, Any]:
         """The parameters as a JSON object (MessageError if they are not one); a fresh dict on every call."""
-        return dict(self._parsed())
+        return dict(_PARSED(self.params_json)[0])
 
     @property
     def contributors(self) -> tuple[Any, ...] | None:
         """The contributor set the parameters name, as a tuple (None if they name no list).
 
-        The same tuple on every call: an embedded federation hands one message to every site, and each
-        site's check of the set (`site_sets.same_sites`) is then O(1) after the first."""
-        self._parsed()
-        return self.__dict__["_contributors"]
+        The same tuple while the parse is memoised: an embedded federation hands one message to every
+        site, and each site's check of the set (`site_sets.same_sites`) is then O(1) after the first."""
+        return _PARSED(self.params_json)[1]
 
-    def _parsed(self) -> dict[str, Any]:
-        """Parse the parameters once per message (it is immutable); callers get copies."""
-        cached = self.__dict__.get("_params")
-        if cached is not None:
-            return cached
-        try:
-            value = json.loads(self.params_json)
-        except ValueError as exc:
-            raise MessageError(f"query parameters are not JSON: {exc}") from None
-        except RecursionError:  # e.g. "[[[[...]]]]": a refusal like any malformed message, not an internal error
-            raise MessageError("query parameters are nested too deeply") from None
-        if not isinstance(value, dict):
-            raise MessageError("query parameters must be a JSON object")
-        named = value.get("contributors")
-        # Set on the instance directly: the dataclass is frozen, and these are pure functions of its fields.
-        self.__dict__["_contributors"] = tuple(named) if isinstance(named, list) else None
-        self.__dict__["_params"] = value
-        return value
+
+def _parse_params(text: str) -> tuple[dict[str, Any], tuple[Any, ...] | None]:
+    """(the parameters, their contributor list as a tuple or None); MessageError unless a JSON object."""
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise MessageError(f"query parameters are not JSON: {exc}") from None
+    except RecursionError:  # e.g. "[[[[...]]]]": a refusal like any malformed message, not an internal error
+        raise MessageError("query parameters are nested too deeply") from None
+    if not isinstance(value, dict):
+        raise MessageError("query parameters must be a JSON object")
+    named = value.get("contributors")
+    return value, tuple(named) if isinstance(named, list) else None
+
+
+#: Parsed parameters by their text, within 2 MiB of it (texts over 256 KiB are parsed each time): K sites
+#: handed one message parse it once, not K times. Bounded in text because parsed JSON can take ~24x its
+#: text in memory (a megabyte of nested lists), so the memo holds ~50 MB at the very most.
+_PARSED: SizedMemo[tuple[dict[str, Any], tuple[Any, ...] | None]] = SizedMemo(
+    _parse_params, lambda key: len(key[0]), max_entries=256, max_chars=2 << 20)
 
 
 def _payload_sizes(layout: Layout) -> tuple[int, int]:

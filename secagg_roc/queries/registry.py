@@ -21,7 +21,7 @@ from typing import Any, Callable, Literal, Mapping
 import numpy as np
 
 from ..errors import SiteQueryError
-from .memo import SizedMemo
+from ..memo import SizedMemo
 
 #: "secure": summed and released; "dp": per-site values forwarded unsummed; "mpc": summed and *kept* by the
 #: aggregators, who compute only a declared function of the total (the secure AUC) and release that.

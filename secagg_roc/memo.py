@@ -1,7 +1,8 @@
-"""A memo of digests bounded in bytes as well as in entries: `SizedMemo`.
+"""A memo bounded in the size of its keys as well as in entries: `SizedMemo`.
 
-Run by every party (`registry.message_digest`: the analyst, each aggregator and
-each site recompute the digest of every query they are handed). A memo keyed by
+Run by every party: `registry.message_digest` (the analyst, each aggregator and
+each site recompute the digest of every query they are handed) and the parsed
+parameters of a query (`messages.Query.params`). A memo keyed by
 the query's parameter text holds that text for as long as the entry lives: with
 `functools.lru_cache(maxsize=4096)` an analyst sending 4,096 refused queries
 of 1 MiB of parameters each (the wire's string limit) made an aggregator hold
@@ -15,25 +16,27 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from typing import Callable, Hashable
+from typing import Callable, Generic, Hashable, TypeVar
 
 __all__ = ["SizedMemo"]
 
+T = TypeVar("T")
 
-class SizedMemo:
+
+class SizedMemo(Generic[T]):
     """`fn(*key)` memoised for at most `max_entries` keys whose `size(key)` sum to at most `max_chars`."""
 
-    def __init__(self, fn: Callable[..., bytes], size: Callable[[tuple], int], *, max_entries: int = 4096,
+    def __init__(self, fn: Callable[..., T], size: Callable[[tuple], int], *, max_entries: int = 4096,
                  max_chars: int = 16 << 20):
         self.fn = fn
         self.size = size
         self.max_entries = max_entries
         self.max_chars = max_chars
         self.chars = 0
-        self._items: OrderedDict[Hashable, tuple[bytes, int]] = OrderedDict()
+        self._items: OrderedDict[Hashable, tuple[T, int]] = OrderedDict()
         self._lock = threading.Lock()  # sites compute digests in worker threads
 
-    def __call__(self, *key: object) -> bytes:
+    def __call__(self, *key: object) -> T:
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
