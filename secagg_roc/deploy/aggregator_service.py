@@ -25,8 +25,7 @@ does, and adds what a deployment needs around it:
   number never reused, its run failed; the analyst stops waiting at
   ``round_timeout_s``); a request body must arrive within ``round_timeout_s``
   plus a second per MB, or the client gets 408 and is dropped (`request_bodies`;
-  a client that hangs up mid-body is one warning line, and nothing of it is applied;
-  a connection that carried a share vector is closed after its reply: `body_sink`);
+  a client that hangs up mid-body is one warning line, and nothing of it is applied);
   a connection idle without a request head, or not reading its replies (or slower
   than 1 MB/s), is closed after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
   ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
@@ -64,7 +63,6 @@ from ..messages import (
 )
 from .aggregator_http import error_middleware, frames, reply, send_reply
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
-from .body_sink import closes_after
 from .compaction import Compactor
 from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
                                log_text)
@@ -148,7 +146,6 @@ class AggregatorService:
         ssl_ctx = server_ssl_context(self.config.ca_cert, self.agg_config.cert, self.agg_config.key)
         log_failed_handshakes(ssl_ctx, log)
         app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[error_middleware(log)])
-        app.on_response_prepare.append(closes_after)  # a connection whose body bypassed the parser (`body_sink`)
         app.router.add_post("/v1/message", self._message)
         app.router.add_post("/v1/status", self._status)
         app.router.add_post("/v1/release", self._release)

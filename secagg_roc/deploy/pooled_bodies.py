@@ -7,11 +7,8 @@ memory every round, whose pages the kernel zeroes first, which cost more CPU
 than the sum itself. Here they go into page-aligned buffers of a
 `buffers.RecyclingPool`, which hands a buffer out again only once nothing
 refers to it: an accepted share keeps its body's buffer for as long as its
-round holds it. Most of such a body is decrypted straight into its buffer by
-the TLS layer (`body_sink`). A body read this way is decoded without a copy,
-and the log's side file is written from it without a copy either
-(`side_file`). The aggregate share a close returns is written from its own
-vector piece by piece (`aggregator_http.send_reply`).
+round holds it. A body read this way is decoded without a copy, and the
+log's side file is written from it without a copy either (`side_file`).
 """
 
 from __future__ import annotations
@@ -22,7 +19,6 @@ from aiohttp import web
 
 from ..buffers import RecyclingPool
 from ..errors import MessageError
-from .body_sink import read_rest
 from .http_protocol import RequestTooLarge
 
 __all__ = ["POOLED_BYTES", "POOL_BYTES", "read_into_pool", "joined"]
@@ -34,17 +30,9 @@ POOL_BYTES = 256 << 20
 
 
 async def read_into_pool(request: web.Request, n: int, pool: RecyclingPool) -> memoryview:
-    """The `n`-byte body of `request` (its Content-Length), as a read-only view of a recycled buffer.
-
-    What aiohttp has parsed already is copied; the rest comes straight from the connection (`body_sink`)."""
+    """The `n`-byte body of `request` (its Content-Length), as a read-only view of a recycled buffer."""
     view = pool.bytes(n)
-    parsed = request.content.read_nowait()
-    pos = len(parsed)
-    if pos > n:
-        raise RequestTooLarge(f"request body longer than its Content-Length of {n} bytes")
-    view[:pos] = parsed
-    if pos < n and not request.content.is_eof() and await read_rest(request, view[pos:]):
-        return view.toreadonly()
+    pos = 0
     async for chunk in request.content.iter_any():
         end = pos + len(chunk)
         if end > n:  # aiohttp stops at Content-Length; refuse rather than trust it

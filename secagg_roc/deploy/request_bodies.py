@@ -129,7 +129,7 @@ async def read_body(request: web.Request, *, limit: int, round_timeout_s: float,
     except asyncio.TimeoutError:
         raise RequestTimeout(f"request body not received within {deadline:.0f} s; the connection is closed") from None
     except (ConnectionError, web.RequestPayloadError) as exc:
-        got = request.get("secagg_body_bytes", request.content.total_bytes)
+        got = request.content.total_bytes
         of = f"of its {n} bytes" if n is not None else "bytes"
         if isinstance(exc, web.RequestPayloadError) and request.transport is not None \
                 and not request.transport.is_closing():
