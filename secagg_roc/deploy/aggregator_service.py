@@ -61,7 +61,7 @@ from ..messages import (
     StatusRequest,
     decode,
 )
-from .aggregator_http import error_middleware, frames, reply
+from .aggregator_http import error_middleware, frames, reply, send_reply
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
 from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
@@ -119,7 +119,7 @@ class AggregatorService:
         self.known = config.known_names()
         self.replayed = 0
         self._lock: asyncio.Lock | None = None
-        self._changed: asyncio.Event | None = None
+        self._waiters: set[tuple[Callable[[], bool], asyncio.Future[None]]] = set()  # the open long polls
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="db")
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task | None = None
@@ -141,7 +141,6 @@ class AggregatorService:
     async def start(self) -> str:
         """Replay the log, then listen; returns the URL."""
         self._lock = asyncio.Lock()
-        self._changed = asyncio.Event()
         if self.store is None:
             await asyncio.get_running_loop().run_in_executor(self._db, self.open_store)
         ssl_ctx = server_ssl_context(self.config.ca_cert, self.agg_config.cert, self.agg_config.key)
@@ -177,8 +176,7 @@ class AggregatorService:
     async def stop(self) -> None:
         """Answer the open long polls at once, finish requests in flight (2 s at most), close the log."""
         self._stopping = True
-        if self._changed is not None:
-            self._notify()
+        self._notify()
         if self._janitor is not None:
             self._janitor.cancel()
         if self._runner is not None:
@@ -205,22 +203,34 @@ class AggregatorService:
                                pool=self._bodies, budget=self._in_flight, pooled=pooled)
 
     def _notify(self) -> None:
-        assert self._changed is not None
-        self._changed.set()
-        self._changed = asyncio.Event()
+        # Wake only the long polls whose condition now holds (all of them when stopping): waking every
+        # poll on every change cost each of them a task and a timer per accepted share.
+        for waiter in list(self._waiters):
+            ready, future = waiter
+            if future.done():
+                continue
+            try:
+                due = self._stopping or ready()
+            except Exception:  # the poll's own handler re-checks and reports it
+                due = True
+            if due:
+                future.set_result(None)
 
     async def _wait(self, ready: Callable[[], bool], wait: float) -> None:
+        """Until `ready()` holds (checked now and after every logged change), the service stops, or
+        `wait` seconds (at most `MAX_WAIT_S`) have passed."""
+        if ready() or self._stopping:
+            return
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + min(max(wait, 0.0), MAX_WAIT_S)
-        while not ready() and not self._stopping:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            assert self._changed is not None
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
-                return
+        future: asyncio.Future[None] = loop.create_future()
+        waiter = (ready, future)
+        self._waiters.add(waiter)
+        timer = loop.call_later(min(max(wait, 0.0), MAX_WAIT_S), lambda: future.done() or future.set_result(None))
+        try:
+            await future
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
 
     async def _apply(self, kind: str, message: Any, body: bytes, *, number: int = 0, party: str = "", heavy: bool = False) -> Applied:
         """Apply under the lock; log accepted changes durably *before* anyone sees the reply."""
@@ -298,7 +308,7 @@ class AggregatorService:
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)
-        return reply(applied.reply, pool=self._bodies)
+        return await send_reply(request, applied.reply)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._peer(request, _ANALYST)

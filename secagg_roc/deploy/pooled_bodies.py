@@ -9,6 +9,8 @@ than the sum itself. Here they go into page-aligned buffers of a
 refers to it: an accepted share keeps its body's buffer for as long as its
 round holds it. A body read this way is decoded without a copy, and the
 log's side file is written from it without a copy either (`side_file`).
+The service's own large replies are now written from the message's buffers
+piece by piece instead (`aggregator_http.send_reply`); `joined` serves the rest.
 """
 
 from __future__ import annotations
