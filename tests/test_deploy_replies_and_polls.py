@@ -4,8 +4,8 @@
   Content-Length, through a real aiohttp server; a small one as one response;
   a client that hangs up part-way through a large reply costs the server
   nothing further, and it keeps serving whole replies;
-- `AggregatorService._wait` returns as soon as its condition holds after a
-  change (`_notify`), not for other polls' changes; at its deadline; for a
+- `LongPolls.wait` (an aggregator's feeds, statuses and releases) returns as
+  soon as its condition holds after a change (`notify`), not for other polls' changes; at its deadline; for a
   condition that raises (its handler re-checks it); and at once when the
   service stops.
 """
@@ -21,7 +21,7 @@ import pytest
 from aiohttp import web
 
 from secagg_roc.deploy.aggregator_http import PIECE_BYTES, send_reply
-from secagg_roc.deploy.aggregator_service import AggregatorService
+from secagg_roc.deploy.long_polls import LongPolls
 from secagg_roc.messages import AggregateShare, RoundId, decode
 from secagg_roc.ring import Encoding
 
@@ -109,32 +109,27 @@ def test_a_client_hanging_up_mid_reply_leaves_the_server_serving_whole_replies()
 # --------------------------------------------------------------------------- long polls
 
 
-def _service() -> AggregatorService:
-    service = AggregatorService.__new__(AggregatorService)  # the polls need no config, store or network
-    service._waiters = set()
-    service._stopping = False
-    return service
 
 
 def test_a_long_poll_wakes_when_its_condition_holds_and_not_for_other_changes() -> None:
     async def go() -> None:
-        service = _service()
+        service = LongPolls()
         state = {"a": False, "b": False}
-        a = asyncio.create_task(service._wait(lambda: state["a"], 5.0))
-        b = asyncio.create_task(service._wait(lambda: state["b"], 5.0))
+        a = asyncio.create_task(service.wait(lambda: state["a"], 5.0))
+        b = asyncio.create_task(service.wait(lambda: state["b"], 5.0))
         await asyncio.sleep(0.01)
-        assert len(service._waiters) == 2
+        assert len(service) == 2
         state["a"] = True
-        service._notify()
+        service.notify()
         await asyncio.wait_for(a, 1.0)
         await asyncio.sleep(0.01)
-        assert not b.done() and len(service._waiters) == 1  # b's condition does not hold: it stays put
+        assert not b.done() and len(service) == 1  # b's condition does not hold: it stays put
         state["b"] = True
-        service._notify()
+        service.notify()
         await asyncio.wait_for(b, 1.0)
-        assert not service._waiters
+        assert not len(service)
         t = time.monotonic()
-        await service._wait(lambda: True, 5.0)  # holds already: no waiting
+        await service.wait(lambda: True, 5.0)  # holds already: no waiting
         assert time.monotonic() - t < 0.5
 
     asyncio.run(go())
@@ -142,10 +137,10 @@ def test_a_long_poll_wakes_when_its_condition_holds_and_not_for_other_changes() 
 
 def test_a_long_poll_ends_at_its_deadline_for_a_raising_condition_and_when_stopping() -> None:
     async def go() -> None:
-        service = _service()
+        service = LongPolls()
         t = time.monotonic()
-        await service._wait(lambda: False, 0.1)
-        assert 0.09 <= time.monotonic() - t < 2.0 and not service._waiters
+        await service.wait(lambda: False, 0.1)
+        assert 0.09 <= time.monotonic() - t < 2.0 and not len(service)
 
         calls = {"n": 0}
 
@@ -155,16 +150,15 @@ def test_a_long_poll_ends_at_its_deadline_for_a_raising_condition_and_when_stopp
                 raise ValueError("state gone")
             return False
 
-        poll = asyncio.create_task(service._wait(raising, 5.0))
+        poll = asyncio.create_task(service.wait(raising, 5.0))
         await asyncio.sleep(0.01)
-        service._notify()  # the condition raises: its poll is woken, its handler re-checks
+        service.notify()  # the condition raises: its poll is woken, its handler re-checks
         await asyncio.wait_for(poll, 1.0)
 
-        polls = [asyncio.create_task(service._wait(lambda: False, 5.0)) for _ in range(3)]
+        polls = [asyncio.create_task(service.wait(lambda: False, 5.0)) for _ in range(3)]
         await asyncio.sleep(0.01)
-        service._stopping = True
-        service._notify()
+        service.stop()
         await asyncio.wait_for(asyncio.gather(*polls), 1.0)
-        assert not service._waiters
+        assert not len(service)
 
     asyncio.run(go())

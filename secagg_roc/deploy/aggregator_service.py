@@ -64,6 +64,7 @@ from ..messages import (
 from .aggregator_http import error_middleware, frames, reply, send_reply
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
+from .long_polls import MAX_WAIT_S, LongPolls
 from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
                                log_text)
 from .config_read import load_study
@@ -91,9 +92,6 @@ __all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S
 
 log = logging.getLogger("secagg_roc.aggregator")
 
-#: Longest a long-poll (feed, status, release) is held open.
-MAX_WAIT_S = 30.0
-
 # Which roles may use which kind of request.
 _ANALYST = frozenset({"analyst"})
 _SITE = frozenset({"site"})
@@ -119,7 +117,7 @@ class AggregatorService:
         self.known = config.known_names()
         self.replayed = 0
         self._lock: asyncio.Lock | None = None
-        self._waiters: set[tuple[Callable[[], bool], asyncio.Future[None]]] = set()  # the open long polls
+        self._polls = LongPolls()
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="db")
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task | None = None
@@ -176,7 +174,7 @@ class AggregatorService:
     async def stop(self) -> None:
         """Answer the open long polls at once, finish requests in flight (2 s at most), close the log."""
         self._stopping = True
-        self._notify()
+        self._polls.stop()
         if self._janitor is not None:
             self._janitor.cancel()
         if self._runner is not None:
@@ -202,36 +200,6 @@ class AggregatorService:
         return await read_body(request, limit=self.config.max_body_bytes, round_timeout_s=self.config.round_timeout_s,
                                pool=self._bodies, budget=self._in_flight, pooled=pooled)
 
-    def _notify(self) -> None:
-        # Wake only the long polls whose condition now holds (all of them when stopping): waking every
-        # poll on every change cost each of them a task and a timer per accepted share.
-        for waiter in list(self._waiters):
-            ready, future = waiter
-            if future.done():
-                continue
-            try:
-                due = self._stopping or ready()
-            except Exception:  # the poll's own handler re-checks and reports it
-                due = True
-            if due:
-                future.set_result(None)
-
-    async def _wait(self, ready: Callable[[], bool], wait: float) -> None:
-        """Until `ready()` holds (checked now and after every logged change), the service stops, or
-        `wait` seconds (at most `MAX_WAIT_S`) have passed."""
-        if ready() or self._stopping:
-            return
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        waiter = (ready, future)
-        self._waiters.add(waiter)
-        timer = loop.call_later(min(max(wait, 0.0), MAX_WAIT_S), lambda: future.done() or future.set_result(None))
-        try:
-            await future
-        finally:
-            timer.cancel()
-            self._waiters.discard(waiter)
-
     async def _apply(self, kind: str, message: Any, body: bytes, *, number: int = 0, party: str = "", heavy: bool = False) -> Applied:
         """Apply under the lock; log accepted changes durably *before* anyone sees the reply."""
         assert self._lock is not None and self.store is not None
@@ -254,7 +222,7 @@ class AggregatorService:
                     self.state = AggregatorState(self.config, self.name)
                     await loop.run_in_executor(self._db, self.compactor.replay, self.state)
                     raise
-                self._notify()
+                self._polls.notify()
             return applied
 
     async def _abandon_expired(self) -> None:
@@ -319,7 +287,7 @@ class AggregatorService:
         rid = message.round_id
         self.state.status(rid)  # refuse unknown rounds before waiting
         n = rid.number
-        await self._wait(lambda: not self.state.is_open(n) or self.state.answered(n) >= self.state.expected(n), wait)
+        await self._polls.wait(lambda: not self.state.is_open(n) or self.state.answered(n) >= self.state.expected(n), wait)
         async with self._lock:
             return frames([self.state.status(rid), *self.state.refusal_replies(rid)])
 
@@ -331,7 +299,7 @@ class AggregatorService:
             raise MessageError(f"/v1/release takes a StatusRequest, not {message.kind}")
         rid = message.round_id
         self.state.release_for(peer.name, rid)  # refuse unknown rounds and non-contributors before waiting
-        await self._wait(lambda: self.state.is_settled(rid.number), wait)
+        await self._polls.wait(lambda: self.state.is_settled(rid.number), wait)
         async with self._lock:
             release = self.state.release_for(peer.name, rid)
         return frames([] if release is None else [release])
@@ -352,7 +320,7 @@ class AggregatorService:
         site = peer.name
         self.presence.poll_started(site)
         try:
-            await self._wait(lambda: bool(self.state.feed_for(site, since)[1]), wait)
+            await self._polls.wait(lambda: bool(self.state.feed_for(site, since)[1]), wait)
         finally:
             self.presence.poll_ended(site)
         next_since, entries = self.state.feed_for(site, since)
