@@ -117,7 +117,7 @@ class AggregatorService:
         self.known = config.known_names()
         self.replayed = 0
         self._lock: asyncio.Lock | None = None
-        self._polls = LongPolls()
+        self.polls = LongPolls()
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="db")
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task | None = None
@@ -174,7 +174,7 @@ class AggregatorService:
     async def stop(self) -> None:
         """Answer the open long polls at once, finish requests in flight (2 s at most), close the log."""
         self._stopping = True
-        self._polls.stop()
+        self.polls.stop()
         if self._janitor is not None:
             self._janitor.cancel()
         if self._runner is not None:
@@ -222,7 +222,7 @@ class AggregatorService:
                     self.state = AggregatorState(self.config, self.name)
                     await loop.run_in_executor(self._db, self.compactor.replay, self.state)
                     raise
-                self._polls.notify()
+                self.polls.notify()
             return applied
 
     async def _abandon_expired(self) -> None:
@@ -287,7 +287,7 @@ class AggregatorService:
         rid = message.round_id
         self.state.status(rid)  # refuse unknown rounds before waiting
         n = rid.number
-        await self._polls.wait(lambda: not self.state.is_open(n) or self.state.answered(n) >= self.state.expected(n), wait)
+        await self.polls.wait(lambda: not self.state.is_open(n) or self.state.answered(n) >= self.state.expected(n), wait)
         async with self._lock:
             return frames([self.state.status(rid), *self.state.refusal_replies(rid)])
 
@@ -299,7 +299,7 @@ class AggregatorService:
             raise MessageError(f"/v1/release takes a StatusRequest, not {message.kind}")
         rid = message.round_id
         self.state.release_for(peer.name, rid)  # refuse unknown rounds and non-contributors before waiting
-        await self._polls.wait(lambda: self.state.is_settled(rid.number), wait)
+        await self.polls.wait(lambda: self.state.is_settled(rid.number), wait)
         async with self._lock:
             release = self.state.release_for(peer.name, rid)
         return frames([] if release is None else [release])
@@ -320,7 +320,7 @@ class AggregatorService:
         site = peer.name
         self.presence.poll_started(site)
         try:
-            await self._polls.wait(lambda: bool(self.state.feed_for(site, since)[1]), wait)
+            await self.polls.wait(lambda: bool(self.state.feed_for(site, since)[1]), wait)
         finally:
             self.presence.poll_ended(site)
         next_since, entries = self.state.feed_for(site, since)

@@ -82,7 +82,7 @@ def add_routes(service: "AggregatorService", app: web.Application) -> None:
             relayed = relay.rounds.get(number)
             due_at = end if relayed is None or closing not in DEADLINES else \
                 relayed.opened + DEADLINES[closing] * relay.timeout + 0.01
-            await service._wait(lambda: relay.due(number, closing, time.time()) or bool(
+            await service.polls.wait(lambda: relay.due(number, closing, time.time()) or bool(
                 relay.inbox(number, peer.name, phase)), max(0.0, min(end, due_at) - now))
 
     app.router.add_post("/v1/pairwise", post)
@@ -103,4 +103,4 @@ async def before_close(service: "AggregatorService", close: CloseRound, body: by
     service.state.core.check_close(close)
     if relay.waits_for_close(number):  # (`PairwiseRelay.apply` checks it again, with the lock held, and reserves)
         await service._apply(CLOSE, None, body, number=number)
-    await service._wait(lambda: relay.unmask_ready(number, time.time()), relay.unmask_wait)
+    await service.polls.wait(lambda: relay.unmask_ready(number, time.time()), relay.unmask_wait)
