@@ -347,7 +347,6 @@ class SiteAnswers:
             # Not fsync'd: after a power loss a release is fetched again from the aggregators.
             body = b"".join(pack_frames(shares))
             self.store.append("release", number, body, durable=False)
-            self.settled.add(number)
             try:
                 self.site.receive_release(shares)
             except SecAggError as exc:
@@ -355,5 +354,9 @@ class SiteAnswers:
                 log.error("the release of round %d cannot be taken in: %s: %s", number, type(exc).__name__, exc)
             else:
                 log.info("took in the release of round %d", number)
+            # Settled only now: the event loop reads `settled` without this lock, and a next round that saw
+            # its previous one settled before the site's plan had taken the release in was vetted against
+            # the old plan state (under pairwise masking it then went unmasked and was refused).
+            self.settled.add(number)
             self.compactor.note(len(body), settled=True)
             self.compactor.maybe()
