@@ -28,6 +28,7 @@ from .reservations import RESERVE, UNRESERVE
 
 if TYPE_CHECKING:
     from .aggregator_service import AggregatorService
+    from .aggregator_state import Applied
 
 __all__ = ["add_routes", "expire"]
 
@@ -48,20 +49,21 @@ def add_routes(service: "AggregatorService", app: web.Application) -> None:
     if service.state.pairwise is not None:
         return
 
-    async def reserve(request: web.Request) -> web.Response:
+    async def applied_close(request: web.Request, kind: str) -> tuple[CloseRound, "Applied"]:
+        """The analyst's CloseRound from the body, checked, then applied as `kind` (logged before the reply)."""
         service._peer(request, _ANALYST)
         body = bytes(await service._body(request))
-        close = _close_of(body, "/v1/reserve")
-        applied = await service._apply(RESERVE, close, body)
+        close = _close_of(body, request.path)
+        return close, await service._apply(kind, close, body)
+
+    async def reserve(request: web.Request) -> web.Response:
+        close, applied = await applied_close(request, RESERVE)
         if applied.changed:
             log.info("held the place of %s over %d site(s)", close.round_id, len(close.contributors))
         return reply(applied.reply)
 
     async def unreserve(request: web.Request) -> web.Response:
-        service._peer(request, _ANALYST)
-        body = bytes(await service._body(request))
-        close = _close_of(body, "/v1/unreserve")
-        applied = await service._apply(UNRESERVE, close, body)
+        close, applied = await applied_close(request, UNRESERVE)
         if applied.changed:
             log.info("gave back the place of %s (the analyst's close went no further)", close.round_id)
         return web.Response(status=204)
