@@ -264,6 +264,18 @@ class Store:
                 data = self._read_side_file(seq, file, size) if file else bytes(body)
                 yield LogEntry(seq, kind, number, party, at, data)
 
+    def keep_meta(self, key: str, value: str) -> str:
+        """The value of ``meta`` `key`: `value` if the database has none yet (stored, committed), else the
+        stored one, for ever (a party's durable secret, e.g. a site's noise seed: see `site_answers`)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+                row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            finally:
+                self._db.execute("COMMIT")
+        return str(row[0])
+
     def snapshot(self) -> str | None:
         """The snapshot the last `compact` wrote (None: the log holds the party's whole history)."""
         with self._lock:

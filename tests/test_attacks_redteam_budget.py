@@ -1,0 +1,158 @@
+"""Red team, round 3: a site's DP budget and ledger under restarts, replays and concurrency.
+
+A curious analyst (raw requests allowed) tries to get a release drawn afresh that the ledger should replay,
+to spend beyond a site's budget, or to isolate a site's totals across runs, helped by site agents that are
+restarted (kill -9) on their databases. The attacks that held are listed at the end of this docstring; the
+tests below are the holes found (each failed before its fix) and the concurrency attacks worth keeping.
+
+Holes found:
+
+* The secret key of a site's bootstrap weights (`queries.bootstrap.site_key`) came from the seed sequence of
+  the site's noise generator, which a deployed site agent without ``--seed`` draws from the operating system
+  at every start (only the generator's *state* was logged). So every restart gave the site a new key: the
+  same bootstrap request after a restart released a fresh set of replicate totals of the same data (the
+  bound "at most MAX_BOOT replicates per statistic and data" held per process, not per database), and a
+  restarted site could not re-create the shares of a bootstrap round it had answered before the restart
+  (its logged split no longer matched: it refused the round). Fixed: the seed sequence's entropy is kept in
+  the site's database (`site_answers.durable_noise_rng`) and every start rebuilds the generator from it.
+
+Attacks that held (see the report of this round): re-noising a DP release by parameter order, float spellings
+(the site keys the release by its own plan's canonical parameters, never the analyst's text), another run id or
+contributor set (per-site releases are keyed without them); more noise then less (every fresh per-site release
+costs a full release, `DPPolicy.release_charge`); kill -9 between the ledger write and the send, or before the
+release (one transaction; re-created from the ledger); compaction then an old release (the snapshot holds the
+ledger exactly); two runs racing one site (answers are serialized under the site's lock, each charged before the
+next is vetted); {A,B,C} then {A,B} or {A,B,C,D} (the ledger's atoms, after restarts too).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from secagg_roc.deploy.config_write import loopback_study
+from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.local_cluster import write_site_csv
+from secagg_roc.deploy.pki import create_study_keys
+from secagg_roc.deploy.site_answers import SiteAnswers
+from secagg_roc.policy import Policy
+
+from test_deploy_state import SITES, STUDY, StateStudy, pair
+from test_site_compaction import DeployedSite
+
+BOOT_POLICY = Policy(privacy_level=5, min_sites=2, analyses=("brier", "bootstrap"),
+                     roles={"label": ["y"], "score": ["s"]})
+BOOT_ARGS = {"label": "y", "score": "s", "statistic": "brier", "n_boot": 50}
+
+
+class UnseededSite(DeployedSite):
+    """A deployed site's `SiteAnswers` started as an operator starts it: without ``--seed`` (OS entropy)."""
+
+    def _open(self) -> SiteAnswers:
+        agent = SiteAnswers(self.config, self.name, seed=None, state_path=self.path)
+        agent.compactor.every = self.every
+        agent._replay()
+        return agent
+
+
+def boot_study(tmp_path: Path):
+    rng = np.random.default_rng(8)
+    files, cols = {}, {}
+    for s, n in zip(SITES, (30, 40, 50)):
+        y = rng.integers(0, 2, n)
+        y[:2] = (0, 1)
+        score = 1 / (1 + np.exp(-(rng.normal(size=n) + 1.5 * y - 0.7)))
+        cols = write_site_csv(tmp_path / "data" / f"{s}.csv", {"y": y, "s": score.round(6)})
+        files[s] = f"data/{s}.csv"
+    config = loopback_study(tmp_path, SITES, 2, [19141, 19142], files, columns=cols, study_id=STUDY,
+                            policy=BOOT_POLICY)
+    create_study_keys(config)
+    return config
+
+
+class Totals:
+    """Every secure total the analyst receives (its transcript)."""
+
+    def __init__(self, study: StateStudy):
+        self.seen: list[tuple[str, dict]] = []
+        inner = study.aggregate
+
+        def aggregate(query, params=None, **kw):
+            out = inner(query, params, **kw)
+            self.seen.append((query, {k: np.array(out[k]) for k in out}))
+            return out
+
+        study.aggregate = aggregate
+
+    def of(self, query: str) -> list[dict]:
+        return [v for q, v in self.seen if q == query]
+
+
+# 1 -- a restart must not give a site a new bootstrap key ------------------------------------------------------------
+
+
+def test_a_restarted_unseeded_site_releases_the_same_bootstrap_replicates_not_fresh_ones(tmp_path: Path) -> None:
+    """The same bootstrap request before and after the site agents restart (no ``--seed``, as deployed): the
+    replicate totals are identical, so restarts add no replicates of the same data beyond MAX_BOOT."""
+    config = boot_study(tmp_path)
+    sites = {s: UnseededSite(config, s, tmp_path / "state" / f"{s}.sqlite", restart=False) for s in SITES}
+    study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
+    seen = Totals(study)
+    study.run("bootstrap", **BOOT_ARGS)
+    for site in sites.values():  # kill -9 equivalent: a new agent on the same database
+        site.restart()
+    study.run("bootstrap", **BOOT_ARGS)
+    first, second = seen.of("calibration.brier_bootstrap")
+    for part in ("numerator", "weight"):
+        assert np.array_equal(first[part], second[part]), f"fresh {part} replicates after a restart"
+
+
+def test_a_restarted_unseeded_site_re_sends_its_logged_bootstrap_shares(tmp_path: Path) -> None:
+    """A site answers a bootstrap round and is restarted before it takes the round's release in (say the
+    aggregators lost its share and offer the round again): it re-creates the identical shares from its
+    log, rather than refusing the round because a new key gave other replicates."""
+    config = boot_study(tmp_path)
+    sites = {s: UnseededSite(config, s, tmp_path / "state" / f"{s}.sqlite", restart=False) for s in SITES}
+    held = sites["site-a"]
+    take = held.receive_release
+    held.receive_release = lambda shares: (None if held.agent.queries[shares[0].round_id.number].name
+                                           == "calibration.brier_bootstrap" else take(shares))
+    StateStudy(pair(config, tmp_path / "d"), sites, config.policy).run("bootstrap", **BOOT_ARGS)
+    held.restart()
+    agent = held.agent
+    (number,) = [n for n, q in agent.queries.items() if q.name == "calibration.brier_bootstrap"]
+    logged = agent.answers[number]
+    assert logged.kind == "shares" and logged.outputs is None  # waiting for its release: re-created on demand
+    again = agent._recreate(agent.queries[number], logged)
+    assert again.kind == "shares", again.outputs[0][-1].text
+
+
+@pytest.mark.slow
+def test_kill_9_unseeded_site_agents_and_the_same_bootstrap_request_gives_the_same_replicates(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Real processes over TLS, site agents started without ``--seed`` (as an operator starts them): a
+    bootstrap of the Brier score, every site agent killed with SIGKILL and started again on its database,
+    the same request again: the analyst receives bit for bit the same replicate totals."""
+    rng = np.random.default_rng(12)
+    data = {}
+    for s, n in zip(SITES, (30, 40, 50)):
+        y = rng.integers(0, 2, n)
+        y[:2] = (0, 1)
+        data[s] = {"y": y, "s": np.clip(0.35 * y + 0.6 * rng.random(n), 0.0, 1.0)}
+    cl = LocalCluster(tmp_path_factory.mktemp("boot"), data, seed=None, policy=BOOT_POLICY, round_timeout_s=20.0)
+    with cl.start():
+        with cl.study() as study:
+            seen = Totals(study)
+            first = study.run("bootstrap", **BOOT_ARGS)
+        for site in SITES:
+            cl.kill(site)
+            cl.start_party(site)
+        with cl.study() as study:
+            seen_again = Totals(study)
+            again = study.run("bootstrap", **BOOT_ARGS)
+    (before,), (after,) = seen.of("calibration.brier_bootstrap"), seen_again.of("calibration.brier_bootstrap")
+    for part in ("numerator", "weight"):
+        assert before[part].tobytes() == after[part].tobytes(), f"fresh {part} replicates after kill -9"
+    assert again.ci == first.ci
