@@ -14,7 +14,11 @@ Holes found:
   bound "at most MAX_BOOT replicates per statistic and data" held per process, not per database), and a
   restarted site could not re-create the shares of a bootstrap round it had answered before the restart
   (its logged split no longer matched: it refused the round). Fixed: the seed sequence's entropy is kept in
-  the site's database (`site_answers.durable_noise_rng`) and every start rebuilds the generator from it.
+  the site's database (`site_log.durable_noise_rng`) and every start rebuilds the generator from it.
+* Under ``--sync normal`` a site's DP release was committed without an fsync, after which its shares left:
+  a power loss could take the ledger entry of a release the analyst already had, and the restarted site would
+  draw that release afresh (and charge it as new) when asked again. Fixed: the transaction that logs a DP
+  release is committed with ``synchronous=FULL`` in any mode (`Store.append_many(power_safe=True)`).
 
 Attacks that held (see the report of this round): re-noising a DP release by parameter order, float spellings
 (the site keys the release by its own plan's canonical parameters, never the analyst's text), another run id or
@@ -156,3 +160,55 @@ def test_kill_9_unseeded_site_agents_and_the_same_bootstrap_request_gives_the_sa
     for part in ("numerator", "weight"):
         assert before[part].tobytes() == after[part].tobytes(), f"fresh {part} replicates after kill -9"
     assert again.ci == first.ci
+
+
+# 2 -- a DP release must survive a power loss, whatever the database's durability mode ------------------------------
+
+
+class NormalSyncSite(DeployedSite):
+    """A site agent started with ``--sync normal``; every SQL statement its database runs is recorded."""
+
+    def _open(self) -> SiteAnswers:
+        agent = SiteAnswers(self.config, self.name, seed=3, state_path=self.path, synchronous="NORMAL")
+        agent._replay()
+        self.sql: list[str] = []
+        agent.store._db.set_trace_callback(self.sql.append)
+        return agent
+
+
+def commits_under(sql: list[str], start: str = "NORMAL") -> list[tuple[str, list[str]]]:
+    """(the synchronous mode in effect, the statements) of every transaction in `sql`."""
+    mode, out, current = start, [], None
+    for stmt in sql:
+        text = stmt.strip().upper()
+        if text.startswith("PRAGMA SYNCHRONOUS="):
+            mode = text.split("=", 1)[1]
+        elif text.startswith("BEGIN"):
+            current = []
+        elif text == "COMMIT" and current is not None:
+            out.append((mode, current))
+            current = None
+        elif current is not None:
+            current.append(stmt)
+    return out
+
+
+def test_a_dp_release_is_fsynced_before_it_is_sent_even_under_sync_normal(tmp_path: Path) -> None:
+    """``--sync normal`` trades the last entries on a power loss for speed. A DP release's ledger entry is not
+    one to lose: the noisy values already left, and a restarted site whose ledger lacked them would draw the
+    same release afresh (its average with the first removes noise) and charge the budget as if for the first
+    time. So the transaction that logs a DP release commits with ``synchronous=FULL`` (which also makes every
+    entry before it durable), whatever the database's mode."""
+    from test_site_compaction import dp_study
+
+    config, _ = dp_study(tmp_path)
+    sites = {s: NormalSyncSite(config, s, tmp_path / "state" / f"{s}.sqlite", restart=False) for s in SITES}
+    study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
+    study.run("rocglm", label="y", score="s")
+    for name, site in sites.items():
+        with_release = [mode for mode, stmts in commits_under(site.sql) if any("'ledger:noisy'" in s for s in stmts)]
+        assert with_release, f"{name} logged no DP release"
+        assert with_release == ["FULL"] * len(with_release), f"{name}: a DP release committed under {with_release}"
+        plain = [mode for mode, stmts in commits_under(site.sql) if any("'ledger:exact'" in s for s in stmts)
+                 and not any("'ledger:noisy'" in s for s in stmts)]
+        assert "NORMAL" in plain  # the mode still holds for the rest: it is not FULL for everything
