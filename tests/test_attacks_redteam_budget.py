@@ -212,3 +212,75 @@ def test_a_dp_release_is_fsynced_before_it_is_sent_even_under_sync_normal(tmp_pa
         plain = [mode for mode, stmts in commits_under(site.sql) if any("'ledger:exact'" in s for s in stmts)
                  and not any("'ledger:noisy'" in s for s in stmts)]
         assert "NORMAL" in plain  # the mode still holds for the rest: it is not FULL for everything
+
+
+# 3 -- concurrency and repeats through real processes (attacks that held; kept as regression tests) -------------------
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory):
+    """Three real site agents (no ``--seed``), DP with a budget of two releases (0.5 then 0.49 fit, no third)."""
+    from test_attacks_deployed import STRICT, strict_data
+
+    cl = LocalCluster(tmp_path_factory.mktemp("edge"), strict_data(seed=41), seed=None, policy=STRICT,
+                      round_timeout_s=20.0)
+    with cl.start():
+        yield cl
+
+
+@pytest.mark.slow
+def test_two_analysts_racing_new_dp_releases_at_the_budget_edge_get_at_most_one(edge) -> None:
+    """One release spent; then two analysts' clients start two different new DP releases at once (each fits the
+    budget alone, not both). Every site charges at most one of them (its answers are serialized and each is
+    charged before the next is vetted); the analysts receive at most one, exactly what every ledger holds, and
+    every ledger stays within its budget, also after every site agent is killed with SIGKILL and restarted."""
+    import concurrent.futures
+
+    import secagg_roc.stats as sr
+    from secagg_roc.errors import SecAggError
+    from test_attacks_deployed import Capture, dp_charges
+
+    cl = edge
+    with cl.study() as study:
+        sr.roc_glm(study, "y", "score")
+    studies = [cl.study(), cl.study()]
+    caps = [Capture(s) for s in studies]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            futures = [pool.submit(sr.roc_glm, s, "y", "score", epsilon=eps, delta=0.3)
+                       for s, eps in zip(studies, (0.49, 0.45))]
+            outcomes = []
+            for f in futures:
+                try:
+                    outcomes.append(f.result(timeout=120))
+                except SecAggError as exc:
+                    outcomes.append(exc)
+    finally:
+        for s in studies:
+            s.close()
+    done = [o for o in outcomes if not isinstance(o, Exception)]
+    assert len(done) <= 1
+    for o in outcomes:
+        if isinstance(o, Exception):
+            assert "a new DP release would exceed this site's privacy budget" in str(o), o
+    received = [values for cap in caps for _, values in cap.dp]
+    assert len(received) == len(done)
+    for site in cl.site_names:
+        charges = dp_charges(cl, site)
+        assert len(charges) <= 2
+        held = {np.concatenate([r.values["negative"], r.values["positive"]]).tobytes() for r in charges.values()}
+        for values in received:
+            assert np.concatenate([values[site]["negative"], values[site]["positive"]]).tobytes() in held
+    for site in cl.site_names:
+        cl.kill(site)
+        cl.start_party(site)
+    with cl.study() as study:
+        for eps in (0.49, 0.45, 0.3):  # each either a replay of what a site holds, or refused over the budget
+            try:
+                sr.roc_glm(study, "y", "score", epsilon=eps, delta=0.3)
+            except SecAggError as exc:
+                assert "budget" in str(exc), exc
+    from deploy_client import site_ledger
+
+    for site in cl.site_names:
+        assert len(dp_charges(cl, site)) <= 2 and site_ledger(cl, site).spent().within_budget
