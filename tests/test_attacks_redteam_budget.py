@@ -284,3 +284,39 @@ def test_two_analysts_racing_new_dp_releases_at_the_budget_edge_get_at_most_one(
 
     for site in cl.site_names:
         assert len(dp_charges(cl, site)) <= 2 and site_ledger(cl, site).spent().within_budget
+
+
+def test_a_distdp_histogram_is_replayed_not_redrawn_across_restarts_compactions_and_pending_rounds(
+        tmp_path: Path) -> None:
+    """A summed release the sites noise themselves (DistDP histogram), asked again after every site agent was
+    restarted before every round and compacted after every release: the identical noisy total, charged once;
+    a round answered before a restart and not yet released is re-created from the ledger, not redrawn."""
+    from test_site_compaction import dp_study
+
+    config, _ = dp_study(tmp_path)
+    sites = {s: UnseededSite(config, s, tmp_path / "state" / f"{s}.sqlite") for s in SITES}
+    study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
+    seen = Totals(study)
+    args = {"label": "y", "score": "s", "bins": 10, "privacy": "distdp", "epsilon": 0.25}
+    study.run("score_histogram", **args)
+    for site in sites.values():
+        site.agent.compactor.compact()
+    study.run("score_histogram", **args)
+    first, second = seen.of("histogram.distdp")
+    assert all(np.array_equal(first[k], second[k]) for k in first)
+    for name, site in sites.items():
+        pure = [r.charge for r in site.ledger.noisy.values() if r.charge is not None and r.charge.delta == 0.0]
+        assert len(pure) == 1, name
+    # Pending: site-a answers the round again in a third run, is restarted before the release, and re-sends.
+    held = sites["site-a"]
+    held.restarts = False
+    take = held.receive_release
+    held.receive_release = lambda shares: (None if held.agent.queries[shares[0].round_id.number].name
+                                           == "histogram.distdp" else take(shares))
+    study.run("score_histogram", **args)
+    held.restart()
+    agent = held.agent
+    (number,) = [n for n, q in agent.queries.items() if q.name == "histogram.distdp"]
+    again = agent._recreate(agent.queries[number], agent.answers[number])
+    assert again.kind == "shares", again.outputs[0][-1].text
+    assert len([r for r in agent.ledger.noisy.values() if r.charge is not None and r.charge.delta == 0.0]) == 1
