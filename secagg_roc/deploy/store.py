@@ -288,8 +288,10 @@ class Store:
             try:
                 self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
                 row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-            finally:
                 self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
         return str(row[0])
 
     def snapshot(self) -> str | None:
