@@ -11,7 +11,8 @@ and the operator's consent to the non-private mode, and for each round:
 - logs, in ONE SQLite transaction and *before* anything is sent (the `persist`
   hook of `Site.answer`): the query, the ledger entries of the release, the
   split of its shares (`site_log.split_record`: seeds and digests, not
-  vectors) and the state of its DP-noise generator. So a restarted agent
+  vectors) and the state of its DP-noise generator (with a DP release,
+  fsync'd even under ``--sync normal``). So a restarted agent
   re-sends the same shares rather than new ones (the shares of a round must
   come from one split, or the total is wrong), never draws DP noise twice (a
   DP release is replayed from the ledger), and never releases anything its
@@ -31,7 +32,9 @@ the ledger, the noise generator's state, then `Site.restore` of every
 answered round with its logged release (rebuilding the runs and plans without
 computing anything again). Share randomness always comes from the operating
 system; DP noise from ``site_noise_rng(seed, site)`` (OS-seeded unless a seed
-is given). The log's entry kinds are listed in `site_log`.
+is given), its seed sequence kept in the database from the first start on
+(`site_log.durable_noise_rng`: it also keys the site's bootstrap weights).
+The log's entry kinds are listed in `site_log`.
 """
 
 from __future__ import annotations
@@ -50,13 +53,13 @@ from ..messages import ErrorReply, InputShare, Message, Query, RoundId, StatusRe
 from ..queries import SiteData
 from ..queries.run import JOIN
 from ..site import Site
-from ..study import site_noise_rng
 from .config_schema import SiteConfig, StudyConfig, with_article
 from .http_protocol import ERROR_CLASSES, pack_frames, unpack_frames
 from .site_data import load_site_data
 from .site_compaction import SiteCompactor
 from .site_pairwise import LOG_KIND as PAIRWISE, SitePairwise
-from .site_log import LEDGER_PREFIX, SPLIT_FORMAT, default_state_path, split_mismatch, split_record, split_round
+from .site_log import LEDGER_PREFIX, SPLIT_FORMAT, default_state_path, durable_noise_rng, split_mismatch, split_record
+from .site_log import split_round
 from .store import Store
 
 __all__ = ["SiteAnswers"]
@@ -141,14 +144,16 @@ class SiteAnswers:
         arrays = load_site_data(party.data, party.columns)
         # A run's join releases only how many sites joined: every site answers it (and checks it).
         allowed = None if party.allowed_queries is None else frozenset(party.allowed_queries) | {JOIN}
-        self.data = SiteData(name=name, arrays=arrays, rng=site_noise_rng(seed, name), allowed_queries=allowed)
+        self.store = Store(state_path or default_state_path(config, name), study=config.study_id, party=name, synchronous=synchronous)
+        # The generator's seed sequence comes from the database: it keys the site's bootstrap weights too.
+        rng = durable_noise_rng(self.store, seed, name)
+        self.data = SiteData(name=name, arrays=arrays, rng=rng, allowed_queries=allowed)
         self.scheme = config.make_scheme()
         assert config.policy is not None
         self.policy = config.policy
         self.ledger = Ledger(self.policy, name)
         self.site = Site(self.data, config.study_id, self.scheme, tuple(s.name for s in config.sites),
                          policy=self.policy, ledger=self.ledger, allow_non_private=allow_non_private)
-        self.store = Store(state_path or default_state_path(config, name), study=config.study_id, party=name, synchronous=synchronous)
         # number -> this site's answer to that round: the durable answers, replayed by `_replay`.
         self.answers: dict[int, _Answer] = {}
         #: number -> the query of every round this site answered with shares.
@@ -258,7 +263,9 @@ class SiteAnswers:
                 rng = json.dumps(self.data.rng.bit_generator.state)
                 if rng != self._logged_rng:
                     rows.append(("rng", number, rng.encode()))
-                self.store.append_many(rows)
+                # A DP release is fsync'd even under --sync normal: lost in a power failure after it was sent,
+                # it would be drawn afresh (and charged as new) when asked again.
+                self.store.append_many(rows, power_safe=any(e.kind == "noisy" for e in entries))
                 self.compactor.note(sum(len(r[2]) for r in rows))
                 self._logged_rng = rng
                 logged["record"] = record

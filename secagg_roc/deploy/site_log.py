@@ -15,6 +15,8 @@ shares from the same data after a restart and to check that they are
 identical (`split_mismatch`). The share vectors are digested with GMAC under
 a fresh random key logged with the seeds (a tenth of SHA-256's CPU on an 8 MB
 vector); records written with SHA-256 digests are still checked as such.
+The database's ``meta`` also keeps the entropy of the noise generator's seed
+sequence (`NOISE_SEED_KEY`, written on the first start: `durable_noise_rng`).
 ``secagg-roc site check`` reads the site's ledger from the log
 (`read_ledger`). The log is compacted as rounds settle (`site_compaction`):
 the ledger, the noise state and what else must be kept move into a snapshot;
@@ -37,12 +39,16 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from ..ledger import Ledger, LedgerEntry
 from ..messages import InputShare, RoundId
 from ..policy import Policy
+from ..study import site_noise_rng
 from .config_schema import StudyConfig
+from .store import Store
 
 __all__ = [
     "LEDGER_PREFIX",
     "SPLIT_FORMAT",
     "default_state_path",
+    "durable_noise_rng",
+    "NOISE_SEED_KEY",
     "read_ledger",
     "split_record",
     "split_mismatch",
@@ -52,6 +58,22 @@ __all__ = [
 
 #: Log kinds of ledger entries: ``ledger:<LedgerEntry.kind>``.
 LEDGER_PREFIX = "ledger:"
+#: ``meta`` key of a site's noise seed: its generator's seed-sequence entropy (JSON), kept for the database's life.
+NOISE_SEED_KEY = "noise_seed"
+
+
+def durable_noise_rng(store: Store, seed: int | None, site: str) -> np.random.Generator:
+    """Run by a Site's agent on start: its noise generator, built from the seed sequence its database keeps
+    (drawn from `seed`, or the operating system, on the database's first start; a later `seed` is ignored).
+
+    Only the generator's state is logged with each answer (``rng``), but its seed sequence is a secret too:
+    it keys the site's bootstrap weights (`queries.bootstrap.site_key`). Drawn afresh at every start, it gave
+    a restarted site a new key: the same bootstrap request then released fresh replicates of the same data
+    (unbounded by ``MAX_BOOT`` across restarts), and the shares of a round answered before the restart could
+    not be re-created from the log (tests/test_attacks_redteam_budget.py)."""
+    entropy = site_noise_rng(seed, site).bit_generator.seed_seq.entropy
+    kept = json.loads(store.keep_meta(NOISE_SEED_KEY, json.dumps(entropy)))
+    return np.random.default_rng(np.random.SeedSequence(kept))
 
 
 def default_state_path(config: StudyConfig, site: str) -> Path:

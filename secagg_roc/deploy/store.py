@@ -18,7 +18,8 @@ so a database cannot be mixed up between parties by a wrong path.
 
 Durability: ``synchronous=FULL`` (the default) makes an acknowledged entry
 survive power loss as well as a killed process; ``NORMAL`` survives a killed
-process but may lose the last entries on power loss. Pages are 64 KiB because
+process but may lose the last entries on power loss, except those appended
+``power_safe`` (a site's DP releases: fsync'd in any mode). Pages are 64 KiB because
 share vectors are large blobs (a 8 MB vector writes about twice as fast as
 with 4 KiB pages).
 
@@ -178,35 +179,50 @@ class Store:
                 self._db.execute("PRAGMA synchronous=FULL")
 
     def append_many(
-        self, entries: list[tuple[str, int, bytes | memoryview]], *, party: str = "", at: float | None = None
+        self, entries: list[tuple[str, int, bytes | memoryview]], *, party: str = "", at: float | None = None,
+        power_safe: bool = False,
     ) -> int:
-        """Durably append `entries` (kind, number, body) in one transaction: all or none. Last seq."""
+        """Durably append `entries` (kind, number, body) in one transaction: all or none. Last seq.
+
+        `power_safe` commits with ``synchronous=FULL`` even in ``NORMAL`` mode (the WAL is fsync'd, so every
+        entry before these becomes durable too): for what must never be lost once it left, as a site's
+        DP release (a site that forgot it would draw it afresh: `site_answers`)."""
         stamp = time.time() if at is None else at
         with self._lock:
-            # Large bodies: durable side files first; a crash before the commit leaves only orphans.
-            rows = []
-            for kind, number, body in entries:
-                size = len(memoryview(body).cast("B")) if isinstance(body, (bytes, bytearray, memoryview)) else -1
-                if size >= SIDE_BYTES:
-                    rows.append((kind, int(number), party, stamp, b"", self._write_side_file(body), size))
-                else:
-                    rows.append((kind, int(number), party, stamp, body, "", 0))
-            self._db.execute("BEGIN IMMEDIATE")
+            if not power_safe or self.synchronous == "FULL":
+                return self._append_rows(entries, party, stamp)
+            self._db.execute("PRAGMA synchronous=FULL")
             try:
-                seq = 0
-                for row in rows:
-                    cur = self._db.execute(
-                        "INSERT INTO log(kind, number, party, at, body, file, size) VALUES (?, ?, ?, ?, ?, ?, ?)", row
-                    )
-                    seq = int(cur.lastrowid)
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                for row in rows:
-                    if row[5]:
-                        (self.blobs / row[5]).unlink(missing_ok=True)
-                raise
-            return seq
+                return self._append_rows(entries, party, stamp)
+            finally:
+                self._db.execute(f"PRAGMA synchronous={self.synchronous}")
+
+    def _append_rows(self, entries: list[tuple[str, int, bytes | memoryview]], party: str, stamp: float) -> int:
+        """`append_many`'s transaction (with the lock held)."""
+        # Large bodies: durable side files first; a crash before the commit leaves only orphans.
+        rows = []
+        for kind, number, body in entries:
+            size = len(memoryview(body).cast("B")) if isinstance(body, (bytes, bytearray, memoryview)) else -1
+            if size >= SIDE_BYTES:
+                rows.append((kind, int(number), party, stamp, b"", self._write_side_file(body), size))
+            else:
+                rows.append((kind, int(number), party, stamp, body, "", 0))
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            seq = 0
+            for row in rows:
+                cur = self._db.execute(
+                    "INSERT INTO log(kind, number, party, at, body, file, size) VALUES (?, ?, ?, ?, ?, ?, ?)", row
+                )
+                seq = int(cur.lastrowid)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            for row in rows:
+                if row[5]:
+                    (self.blobs / row[5]).unlink(missing_ok=True)
+            raise
+        return seq
 
     def _write_side_file(self, body: bytes | bytearray | memoryview) -> str:
         """Write `body` to a new owner-only file, fsync it and its folder; return its name."""
@@ -263,6 +279,20 @@ class Store:
                 last = seq
                 data = self._read_side_file(seq, file, size) if file else bytes(body)
                 yield LogEntry(seq, kind, number, party, at, data)
+
+    def keep_meta(self, key: str, value: str) -> str:
+        """The value of ``meta`` `key`: `value` if the database has none yet (stored, committed), else the
+        stored one, for ever (a party's durable secret, e.g. a site's noise seed: see `site_answers`)."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.execute("INSERT OR IGNORE INTO meta(key, value) VALUES (?, ?)", (key, value))
+                row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return str(row[0])
 
     def snapshot(self) -> str | None:
         """The snapshot the last `compact` wrote (None: the log holds the party's whole history)."""

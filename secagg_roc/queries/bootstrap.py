@@ -27,8 +27,9 @@ Protocol (the plan is `stats.bootstrap`):
   replicate b's weighted controls.
 
 Keys: a site's key comes from the seed sequence of its noise generator
-(OS entropy, or the study's seed in a simulation), extended without drawing
-from it, so DP noise is unchanged. A replicate's weights are a function of
+(OS entropy, or the study's seed in a simulation; a deployed site keeps it in
+its database, `deploy.site_log.durable_noise_rng`, so a restart keeps the
+key), extended without drawing from it, so DP noise is unchanged. A replicate's weights are a function of
 that key and the round's public parameters except ``n_boot`` (none of
 which depends on the contributor set, ``min_weighted`` included): the same
 request gives the same replicates (a repeat, or a run over other sites, adds

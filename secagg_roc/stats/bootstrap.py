@@ -55,8 +55,9 @@ What an adversarial analyst can and cannot do (see
 * accumulate replicates: bounded. A site's weights are a function of its
   key and the round's parameters other than ``n_boot`` (none depends on the
   contributor set), so a repeat, or a run over other sites, releases the same replicates and a larger ``n_boot`` extends the same replicates; at
-  most ``MAX_BOOT`` replicates per statistic and data. (The key lives as
-  long as the site's process: a restarted deployed site draws a new one.)
+  most ``MAX_BOOT`` replicates per statistic and data. (A deployed site's
+  key lives as long as its database: `deploy.site_log.durable_noise_rng`;
+  a restart keeps it.)
 * what the Brier replicates still reveal: the totals are compound-Poisson
   sums whose cumulants are the power sums of the records' squared errors,
   so B replicates estimate a few moments of them beyond the mean; for very
