@@ -9,6 +9,7 @@ real runs of every registered plan: what a run sends is exactly what its plan de
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import warnings
 from typing import Any
@@ -122,7 +123,12 @@ def runs_by_case() -> list[tuple[str, frozenset[str], frozenset[str], int, int]]
         canon = declared(get_plan(analysis), study.policy, args)
         out.append((analysis, frozenset(sent[1:]), get_plan(analysis).run_queries(study.policy, canon),
                     max(len(q.params_json) for q in queries), query_text_limit(study.policy, study.sites)))
+        PARAMS[len(out) - 1] = (study.sites, [q.params for q in queries])
     return out
+
+
+#: Case index -> (the study's sites, the parameters of every round its run sent), filled by `runs_by_case`.
+PARAMS: dict[int, tuple[tuple[str, ...], list[dict[str, Any]]]] = {}
 
 
 @pytest.fixture(scope="module")
@@ -154,6 +160,17 @@ def test_every_plans_rounds_fit_the_deployed_aggregators_query_text_limit_many_t
     # The limit (`deploy.query_text`) is derived from what plans send: these runs must stay far below it.
     for analysis, _, _, longest, limit in runs_by_case:
         assert 0 < longest <= QUERY_TEXT_BASE // 50 < limit, (analysis, longest, limit)
+
+
+def test_no_plan_puts_the_contributor_set_into_its_step_parameters(runs_by_case) -> None:
+    # The run's rounds name it once, under "contributors" (the runner's, which every party checks); a plan
+    # repeating it in its own parameters (bootstrap and roctest once did) sends O(K) more per site per round.
+    assert len(PARAMS) == len(CASES)
+    for k, (sites, rounds) in PARAMS.items():
+        for params in rounds[1:]:  # the join's arguments are the analyst's, checked by each site's declare
+            own = json.dumps({key: v for key, v in params.items() if key != "contributors"})
+            assert not [s for s in sites if f'"{s}"' in own], (CASES[k][0], params)
+            assert params["contributors"] == list(sites)
 
 
 def test_the_query_text_limit_grows_with_the_site_names_and_the_policys_grids() -> None:
