@@ -18,7 +18,7 @@ from typing import Any, Iterable
 from .errors import PolicyError, RoundError
 from .messages import NAME_RE, Query
 from .queries import QUERIES
-from .queries.run import JOIN
+from .queries.run import JOIN, run_step
 
 #: The one round name outside runs: the embedded primitive.
 PRIMITIVE = "secure_sum"
@@ -81,9 +81,10 @@ class RunBook:
             if query.name != PRIMITIVE:
                 raise RoundError(f"unknown site query {query.name!r}")
             return
-        run_id, step = params.get("run"), params.get("step")
-        if not isinstance(run_id, str) or isinstance(step, bool) or not isinstance(step, int):
+        found = run_step(params)
+        if found is None:
             raise PolicyError(f"query {query.name!r} is not a round of a run; sites answer only the rounds of a plan")
+        run_id, step = found
         if not NAME_RE.match(run_id):  # the sites' rule too; an id is kept with the run (and its eviction)
             raise PolicyError("a run needs an id of 1-64 characters [A-Za-z0-9_.-]")
         if step == 0:

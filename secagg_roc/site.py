@@ -190,7 +190,7 @@ class Site(NoisyReleases):
                 f"site {self.name!r}: query {query.name!r} is not a round of a declared analysis; sites answer "
                 "only the rounds of a run's plan"
             )
-        info, step = self.runs.expect(run, number)
+        info, step = self.runs.expect(params)
         self.runs.check_query(run, query.name, self.data)  # a declared query the whitelist allows, before the step
         asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
         # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
@@ -258,7 +258,7 @@ class Site(NoisyReleases):
             self._check_consent(args)  # an agent restarted without its consent takes no further part
             self.runs.join(params["run"], plan, args)
         else:
-            self.runs.expect(params.get("run"), params.get("step"))
+            self.runs.expect(params)
         self._remember(query, str(params.get("run")), int(params.get("step")))
         if release:
             self.receive_release(release)

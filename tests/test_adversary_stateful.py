@@ -131,7 +131,7 @@ class AdversarialAnalyst(RuleBasedStateMachine):
             return
         site = self.study.site_objects[up[0]]
         try:
-            _, step = site.runs.expect(run, site.runs.runs[run].number)
+            _, step = site.runs.expect({"run": run, "step": site.runs.runs[run].number})
         except (sr.SecAggError, KeyError):
             return
         number = site.runs.runs[run].number + (1 if bump_step else 0)

@@ -130,6 +130,33 @@ def test_closing_a_round_over_a_chosen_subset_is_refused():
         fed._close(join, ("h0", "h1"))
 
 
+@pytest.mark.parametrize("step, join_step", [(True, False), (1.0, 0.0)])
+def test_sites_refuse_a_step_that_is_not_an_int_as_the_aggregators_do(step, join_step):
+    # Python's True == 1 and 0.0 == 0: a site comparing numbers alone answered what every aggregator refuses.
+    study = _study()
+    fed = study.federation
+    _join(study, "brier", {"label": "y", "score": "score"}, run="r1")
+    params = {"run": "r1", "step": step, "label": "y", "score": "score", "score_range": [0.0, 1.0],
+              "contributors": list(study.sites)}
+    with pytest.raises(PolicyError, match="not a round of a run"):
+        study.aggregate("calibration.brier", params)  # the aggregators' rule
+    query = fed._query("calibration.brier", params, None)
+    for name, site in study.site_objects.items():
+        with pytest.raises(PolicyError, match=f"site '{name}': the round names no run id and integer step"):
+            site.answer(query)
+        assert site.runs.runs["r1"].number == 1  # its plan still waits for step 1
+    args = {"label": "y", "score": "score"}
+    join = fed._query("run.join", {**join_params("r2", "brier", args, study.policy.digest()), "step": join_step},
+                      None)
+    for site in study.site_objects.values():
+        with pytest.raises(PolicyError, match="must start with its join round"):
+            site.answer(join)
+        assert "r2" not in site.runs.runs
+    # The same round with an int step is answered: nothing else was wrong with it.
+    ok = fed._query("calibration.brier", {**params, "step": 1}, None)
+    assert all(site.answer(ok) for site in study.site_objects.values())
+
+
 # 4 -- crafted parameters ------------------------------------------------------------------------
 
 

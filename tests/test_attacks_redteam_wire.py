@@ -12,6 +12,10 @@ before the fix it names:
 - a site agent kept a task and two tuples per round it answered (its pushes and release fetches) for ever;
 - a site refusing a join whose array name is a megabyte long echoed it whole: into its log, its database,
   and every aggregator's copy of the round (a megabyte per site per round, kept with the round).
+- every round an aggregator kept held its query, up to a megabyte of parameters (~320 MB over the ~320
+  rounds it keeps, and twice that in each snapshot): a live query longer than the study's plans send is
+  refused now (`deploy.query_text`), so the megabyte queries above are refused at once and the deeper
+  checks are exercised with texts just within the limit.
 
 And what held, kept as tests because nothing tested it: ``/v1/reserve`` and ``/v1/unreserve`` with every
 party, body kind and framing (chunked, pipelined) answer 4xx naming the problem and change nothing.
@@ -30,6 +34,7 @@ import pytest
 
 import secagg_roc.stats as sr
 from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.query_text import QUERY_TEXT_BASE, query_text_limit
 from secagg_roc.deploy.site_agent import SiteAgent
 from secagg_roc.deploy.site_answers import MAX_REFUSAL_CHARS
 from secagg_roc.deploy.site_log import default_state_path
@@ -45,6 +50,11 @@ pytestmark = pytest.mark.slow
 
 SITES = ("site-a", "site-b", "site-c")
 MiB = 1 << 20
+
+
+def _limit(cl: LocalCluster) -> int:
+    """The longest parameter text the cluster's aggregators take (`deploy.query_text`)."""
+    return query_text_limit(cl.config.policy, [s.name for s in cl.config.sites])
 
 
 @pytest.fixture(scope="module")
@@ -77,10 +87,13 @@ def test_refused_queries_with_a_megabyte_of_parameters_each_leave_no_memory_behi
     before = rss_bytes(cluster, "agg-1")
     with tls(cluster, "analyst", timeout=30) as sock:
         for i in range(120):  # each with a digest that does not match: refused, as ever
-            params = json.dumps({"pad": f"{i:08d}" + "a" * (MiB - 200)})
+            # A megabyte is longer than any plan sends (refused at once); one within the limit reaches the digest.
+            size, why = ((MiB - 200, "longer than the") if i % 2 else
+                         (_limit(cluster) - 200, "query digest does not match"))
+            params = json.dumps({"pad": f"{i:08d}" + "a" * size})
             body = Query(RoundId(cluster.config.study_id, 5, b"\0" * 32), "sum", params, 32).encode()
             status, reply = _ask(sock, head("POST", "/v1/message", len(body)) + body)
-            assert status == 400 and "query digest does not match" in error_text(reply), (status, reply[:200])
+            assert status == 400 and why in error_text(reply), (status, reply[:200])
     grown = rss_bytes(cluster, "agg-1") - before
     assert grown < 48 * MiB, f"{grown / MiB:.0f} MB held after 120 refused queries of 1 MB"  # was 120 MB
     health.check()
@@ -176,13 +189,15 @@ def _junk_join(cl: LocalCluster, number: int, run: str, *, analysis: str = "sum"
     return Query(RoundId(study, number, json_digest(study, JOIN, text, 32)), JOIN, text, 32)
 
 
-def test_a_run_id_or_analysis_name_of_a_megabyte_is_refused_as_the_sites_refuse_it(cluster) -> None:
-    """The aggregator kept both with the run (and a run id among the evicted ones): a megabyte each."""
+def test_a_long_run_id_or_analysis_name_is_refused_as_the_sites_refuse_it(cluster) -> None:
+    """The aggregator kept both with the run (and a run id among the evicted ones): a megabyte each (now
+    refused by its length first; within the query text limit, by the name rule)."""
     health, before = Health(cluster), infos(cluster)
     start = max(i["next_number"] for i in before)
-    for query, text in ((_junk_join(cluster, start, "r" * (MiB - 400), lists=1), "a run needs an id of 1-64 characters"),
+    long = _limit(cluster) - 400
+    for query, text in ((_junk_join(cluster, start, "r" * long, lists=1), "a run needs an id of 1-64 characters"),
                         (_junk_join(cluster, start, "r-\n", lists=1), "a run needs an id of 1-64 characters"),
-                        (_junk_join(cluster, start, "rw-name", analysis="a" * (MiB - 400), lists=1), "names no analysis")):
+                        (_junk_join(cluster, start, "rw-name", analysis="a" * long, lists=1), "names no analysis")):
         status, reply = post(cluster, "analyst", "/v1/message", query.encode())
         assert status == 403 and text in error_text(reply), (status, reply[:300])
     after = infos(cluster)
@@ -195,13 +210,18 @@ def test_a_join_with_a_megabyte_of_crafted_arguments_costs_the_aggregator_its_by
     health = Health(cluster)
     start = max(i["next_number"] for i in infos(cluster))
     before = rss_bytes(cluster, "agg-1")
-    for i in range(6):  # opened (the aggregator cannot judge a plan's arguments), refused by every site
+    for i in range(6):  # a megabyte: longer than any plan sends, refused before anything reads it
         query = _junk_join(cluster, start + i, f"rw-junk-{i}")
         assert len(query.encode()) > 0.9 * MiB
         status, reply = post(cluster, "analyst", "/v1/message", query.encode())
+        assert status == 400 and "longer than the" in error_text(reply), (status, reply[:300])
+    lists = (_limit(cluster) - 400) // 3
+    for i in range(6):  # within the limit: opened (the aggregator cannot judge a plan's arguments), refused by
+        query = _junk_join(cluster, start + i, f"rw-junk-{i}", lists=lists)  # every site
+        status, reply = post(cluster, "analyst", "/v1/message", query.encode())
         assert status == 200, (status, reply[:300])
     grown = rss_bytes(cluster, "agg-1") - before
-    assert grown < 80 * MiB, f"{grown / MiB:.0f} MB held by 6 open joins of 1 MB"  # was ~150 MB
+    assert grown < 32 * MiB, f"{grown / MiB:.0f} MB held by 6 refused joins of 1 MB and 6 open ones"  # was ~150 MB
     health.check()
 
 
@@ -210,7 +230,7 @@ def test_a_site_refusing_a_request_that_quotes_a_megabyte_sends_and_keeps_a_boun
     every aggregator's copy of the round (one per site) grew by a megabyte per such round."""
     health = Health(cluster)
     number = max(i["next_number"] for i in infos(cluster))
-    query = join_query(cluster.config, number, "rw-echo", "sum", {"array": "x" * (MiB - 600)})
+    query = join_query(cluster.config, number, "rw-echo", "sum", {"array": "x" * (_limit(cluster) - 600)})
     for j in (0, 1):
         assert post(cluster, "analyst", "/v1/message", query.encode(), j)[0] == 200
     end, frames = time.monotonic() + 10, []
@@ -218,7 +238,40 @@ def test_a_site_refusing_a_request_that_quotes_a_megabyte_sends_and_keeps_a_boun
         frames = call_as(cluster, "analyst", 0, lambda c: c.status(StatusRequest(query.round_id), 1.0))
     refusals = frames[1:]
     assert [r.text.split("'")[1] for r in refusals] == list(SITES), frames
-    for r in refusals:  # the rule and the start of the name, not the megabyte (was 1,048,106 characters)
+    for r in refusals:  # the rule and the start of the name, not the whole name (was 1,048,106 characters)
         assert len(r.text) <= MAX_REFUSAL_CHARS + 100 and "no array named 'xxx" in r.text, r.text[:300]
         assert r.text.endswith("more characters of the request it quoted)"), r.text[-200:]
+    health.check()
+
+
+def _sized_join(cl: LocalCluster, number: int, run: str, size: int) -> Query:
+    """A join of `sum` whose parameter text is exactly `size` characters (padded with a crafted argument)."""
+    params = join_params(run, "sum", {"array": "x", "pad": ""}, cl.config.policy.digest())
+    text = params_json(canonical_params(params))
+    text = text.replace('"pad":""', '"pad":"' + "a" * (size - len(text)) + '"')
+    assert len(text) == size
+    study = cl.config.study_id
+    return Query(RoundId(study, number, json_digest(study, JOIN, text, 32)), JOIN, text, 32)
+
+
+def test_a_query_longer_than_the_studys_plans_send_is_refused_before_it_is_kept(cluster) -> None:
+    """Every kept round kept its query: up to a megabyte of parameters each, ~320 MB over the rounds an
+    aggregator keeps. Now a live query is refused one character beyond what the study's plans can send."""
+    health, before = Health(cluster), infos(cluster)
+    limit = _limit(cluster)
+    assert QUERY_TEXT_BASE < limit < MiB // 4  # the default policy's grids and three site names
+    start = max(i["next_number"] for i in before)
+    over = _sized_join(cluster, start, "rw-over", limit + 1)
+    for j in (0, 1):
+        status, reply = post(cluster, "analyst", "/v1/message", over.encode(), j)
+        text = error_text(reply)
+        assert status == 400 and f"parameters of {limit + 1} characters are longer than the {limit}" in text, \
+            (status, reply[:300])
+        assert "aaaa" not in text  # names the sizes, never the text
+    after = infos(cluster)  # nothing opened, no number used (earlier rounds may be abandoned meanwhile)
+    assert [i["next_number"] for i in after] == [i["next_number"] for i in before]
+    assert all(a["open_rounds"] <= b["open_rounds"] for a, b in zip(after, before))
+    at = _sized_join(cluster, start, "rw-at-limit", limit)
+    for j in (0, 1):  # (opened; the sites refuse its crafted argument)
+        assert post(cluster, "analyst", "/v1/message", at.encode(), j)[0] == 200
     health.check()

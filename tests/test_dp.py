@@ -7,6 +7,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy.stats import norm
 
 from secagg_roc.dp import (
@@ -24,6 +26,8 @@ from secagg_roc.dp import (
 )
 from secagg_roc import Policy, PolicyError
 from secagg_roc.analyst import combine
+from secagg_roc.dp.sensitivity import MAX_BREAKS
+from secagg_roc.plans.runner import join_params
 from secagg_roc.queries import SiteData, run_site_query
 from secagg_roc.study import Study
 
@@ -159,6 +163,33 @@ def test_sensitivity_warns_when_no_direct_neighbours():
     with pytest.warns(SensitivityWarning, match="closest inputs are at l1 distance"):
         sens = l2_sensitivity(study, "X", "score", n_breaks=100_000, categorical=[1])
     assert sens.l1_distance > 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(n_breaks=st.integers(MAX_BREAKS + 1, 2**80))
+def test_n_breaks_above_the_public_bound_is_refused_at_the_analyst_every_site_and_the_site_query(n_breaks):
+    # Above 2**31 the int32 bins wrapped and merged distant records (a wrong sensitivity, no error).
+    study, data = _sensitivity_study()
+    with pytest.raises(ValueError, match=f"n_breaks must be an integer in 1..{MAX_BREAKS}"):
+        l2_sensitivity(study, "X", "score", n_breaks=n_breaks, categorical=[1])
+    assert not [e for e in study.transcript("analyst") if e.kind == "AggregateShare"]  # refused before any round
+    # A crafted join carrying it: each site's own declare step refuses it.
+    args = {"covariates": ["X"], "score": "score", "n_breaks": n_breaks, "categorical": [1], "max_distance": 64}
+    with pytest.raises(PolicyError, match="n_breaks must be an integer in 1"):
+        study.aggregate("run.join", join_params("big", "sensitivity", args, study.policy.digest()))
+    # And the site's per-record arithmetic refuses it on its own (a round outside the plan never gets there).
+    with pytest.raises(ValueError, match="n_breaks must lie in 1"):
+        histogram_representation(data["site0"]["X"], n_breaks, categorical=[1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(n_breaks=st.integers(1, MAX_BREAKS), values=st.lists(st.floats(-1e6, 1e6), min_size=2, max_size=30))
+def test_histogram_bins_stay_in_range_and_ordered_up_to_the_bound(n_breaks, values):
+    col = np.array(values)
+    R = histogram_representation(col[:, None], n_breaks)[:, 0]
+    assert R.min() >= 0 and R.max() <= n_breaks - 1
+    order = np.argsort(col, kind="stable")
+    assert np.all(np.diff(R[order]) >= 0)  # bins follow the values: no wrap-around
 
 
 def test_sensitivity_totals_reveal_only_cell_counts():

@@ -9,6 +9,7 @@ real runs of every registered plan: what a run sends is exactly what its plan de
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import warnings
 from typing import Any
@@ -20,11 +21,13 @@ from hypothesis import strategies as st
 
 import secagg_roc as sr
 from secagg_roc import DPPolicy, Policy, PolicyError, SecAggError
+from secagg_roc.deploy.query_text import FLOAT_CHARS, QUERY_TEXT_BASE, query_text_limit
 from secagg_roc.plans import PLANS, Step, declared, get_plan, plan
 from secagg_roc.plans.base import checked_step
 from secagg_roc.plans.runner import join_params
 from secagg_roc.queries import QUERIES
 from secagg_roc.queries.run import JOIN
+from secagg_roc.wire import MAX_STR
 
 from round_recording import recording
 
@@ -105,17 +108,33 @@ def _nothing_released(study: sr.Study) -> bool:
 
 
 @pytest.fixture(scope="module")
-def sent_by_case() -> list[tuple[str, frozenset[str], frozenset[str]]]:
-    """(analysis, the queries its run sent besides the join, the queries its plan declared for the run)."""
+def runs_by_case() -> list[tuple[str, frozenset[str], frozenset[str], int, int]]:
+    """(analysis, the queries its run sent besides the join, the queries its plan declared for the run, the
+    longest parameter text of its rounds, the deployed aggregators' limit on it in this study)."""
     out = []
     for analysis, args, changes in CASES:
         study = _study(**changes)
         sent = recording(study)
+        queries: list[Any] = []
+        fed, make = study.federation, study.federation._query
+        fed._query = lambda *a, **k: queries.append(q := make(*a, **k)) or q
         _run(study, analysis, args)
-        assert sent[0] == JOIN and JOIN not in sent[1:]
+        assert sent[0] == JOIN and JOIN not in sent[1:] and len(queries) == len(sent)
         canon = declared(get_plan(analysis), study.policy, args)
-        out.append((analysis, frozenset(sent[1:]), get_plan(analysis).run_queries(study.policy, canon)))
+        out.append((analysis, frozenset(sent[1:]), get_plan(analysis).run_queries(study.policy, canon),
+                    max(len(q.params_json) for q in queries), query_text_limit(study.policy, study.sites)))
+        PARAMS[len(out) - 1] = (study.sites, [q.params for q in queries])
     return out
+
+
+#: Case index -> (the study's sites, the parameters of every round its run sent), filled by `runs_by_case`.
+PARAMS: dict[int, tuple[tuple[str, ...], list[dict[str, Any]]]] = {}
+
+
+@pytest.fixture(scope="module")
+def sent_by_case(runs_by_case) -> list[tuple[str, frozenset[str], frozenset[str]]]:
+    """(analysis, the queries its run sent besides the join, the queries its plan declared for the run)."""
+    return [case[:3] for case in runs_by_case]
 
 
 # 1 -- the declaration ---------------------------------------------------------------------------------------
@@ -135,6 +154,42 @@ def test_the_runs_of_each_plan_together_send_every_query_it_declares(sent_by_cas
     for name, p in PLANS.items():
         union = frozenset().union(*(sent for analysis, sent, _ in sent_by_case if analysis == name))
         assert union == p.queries, name
+
+
+def test_every_plans_rounds_fit_the_deployed_aggregators_query_text_limit_many_times_over(runs_by_case) -> None:
+    # The limit (`deploy.query_text`) is derived from what plans send: these runs must stay far below it.
+    for analysis, _, _, longest, limit in runs_by_case:
+        assert 0 < longest <= QUERY_TEXT_BASE // 50 < limit, (analysis, longest, limit)
+
+
+def test_no_plan_puts_the_contributor_set_into_its_step_parameters(runs_by_case) -> None:
+    # The run's rounds name it once, under "contributors" (the runner's, which every party checks); a plan
+    # repeating it in its own parameters (bootstrap and roctest once did) sends O(K) more per site per round.
+    assert len(PARAMS) == len(CASES)
+    for k, (sites, rounds) in PARAMS.items():
+        for params in rounds[1:]:  # the join's arguments are the analyst's, checked by each site's declare
+            own = json.dumps({key: v for key, v in params.items() if key != "contributors"})
+            assert not [s for s in sites if f'"{s}"' in own], (CASES[k][0], params)
+            assert params["contributors"] == list(sites)
+
+
+def test_the_query_text_limit_grows_with_the_site_names_and_the_policys_grids() -> None:
+    names = [f"site-{k:02d}-" + "n" * 56 for k in range(40)]  # 64-character names
+    base = query_text_limit(_policy(), ["a", "b"])
+    assert query_text_limit(_policy(), names) - base == sum(len(n) + 3 for n in names) - 8  # their JSON list
+    # One float per cut point of the finest grid (before: rocglm_thresholds = 30).
+    assert query_text_limit(_policy(calibration_bins=4000), ["a", "b"]) - base == FLOAT_CHARS * (4001 - 31)
+    assert query_text_limit(_policy(histogram_bins=1 << 20), ["a"]) == MAX_STR  # never above the wire's limit
+    # A quantile calibration over 40 long-named sites and 400 bins sends its edges and contributor list.
+    data = _data(n=30, sites=40)
+    study = sr.Study.local({n: d for n, d in zip(names, data.values())}, seed=1, allow_non_private=True,
+                           policy=_policy(calibration_bins=400, calibration_strategy="quantile"))
+    texts: list[int] = []
+    fed, make = study.federation, study.federation._query
+    fed._query = lambda *a, **k: texts.append(len((q := make(*a, **k)).params_json)) or q
+    _run(study, "calibration", {"label": "y", "score": "score"})
+    limit = query_text_limit(study.policy, study.sites)
+    assert max(texts) > sum(len(n) + 3 for n in names) and max(texts) * 4 < limit
 
 
 def test_a_plan_declares_registered_queries_only_and_never_the_join() -> None:

@@ -433,6 +433,49 @@ def test_pauc_under_dp_takes_only_the_fixed_grid_of_range_ends():
 
 
 
+NOT_BOOLEANS = st.one_of(st.none(), st.integers(), st.floats(allow_nan=False), st.text(max_size=8),
+                        st.lists(st.booleans(), max_size=2), st.just(np.array([True])), st.just(np.int64(1)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(key=st.sampled_from(["correct", "allow_invalid_correct"]), value=NOT_BOOLEANS)
+def test_partial_auc_flags_take_only_real_booleans_at_the_api_and_the_declare_step(key, value):
+    # bool(value) read "no", 0.5 or [False] as True: a choice the analyst never made.
+    with pytest.raises(ValueError, match=f"^{key} must be True or False, got a value of type"):
+        sr.pooled.partial_auc(Y, A, specificity=(0.8, 1), **{key: value})
+    study = _study(Y, A, B, [30, 30], Policy(allow_non_private=True, min_cell_count=1, analyses=ANALYSES),
+                   transcripts=True)
+    with pytest.raises(ValueError, match=f"^{key} must be True or False"):
+        sr.partial_auc(study, "y", "a", specificity=(0.8, 1), epsilon=None, **{key: value})
+    with pytest.raises(ValueError, match=f"^{key} must be True or False"):
+        study.run("pauc", label="y", score="a", focus="specificity", bounds=[0.8, 1.0], epsilon=None,
+                  **{key: value})
+    assert not [e for e in study.transcript("analyst") if e.kind in ("AggregateShare", "ForwardedShares")]
+
+
+@settings(max_examples=20, deadline=None)
+@given(value=NOT_BOOLEANS)
+def test_roc_test_paired_takes_only_real_booleans(value):
+    with pytest.raises(ValueError, match="^paired must be True or False"):
+        sr.pooled.roc_test(Y, A, B, paired=value)
+    study = _study(Y, A, B, [30, 30], Policy(allow_non_private=True, min_cell_count=1, analyses=ANALYSES))
+    with pytest.raises(ValueError, match="^paired must be True or False"):
+        sr.roc_test(study, "y", "a", "b", paired=value, epsilon=None)
+    assert _quiet(sr.roc_test, study, "y", "a", "b", paired=np.False_, epsilon=None).paired is False
+
+
+def test_partial_auc_flags_take_numpy_booleans_like_python_ones():
+    study = _study(Y, A, B, [30, 30], Policy(allow_non_private=True, min_cell_count=1, analyses=ANALYSES))
+    flags = {"correct": True, "allow_invalid_correct": True}  # this curve dips below the diagonal: forced
+    want = sr.pooled.partial_auc(Y, A, specificity=(0.8, 1), **flags)
+    assert math.isfinite(want.value) and want.value != want.partial  # McClish's correction was applied
+    numpy_flags = {k: np.bool_(v) for k, v in flags.items()}
+    assert sr.pooled.partial_auc(Y, A, specificity=(0.8, 1), **numpy_flags).value == want.value
+    got = _quiet(study.run, "pauc", label="y", score="a", focus="specificity", bounds=[0.8, 1.0], epsilon=None,
+                 **numpy_flags)
+    assert got.correct is True and got.value == pytest.approx(want.value, abs=TOL)
+
+
 def test_the_policy_must_list_each_analysis_and_allow_the_arrays():
     y, a, b = Y, A, B
     default = _study(y, a, b, [30, 30], Policy(allow_non_private=True, min_cell_count=1), transcripts=True)

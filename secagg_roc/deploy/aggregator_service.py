@@ -271,6 +271,7 @@ class AggregatorService:
                 return reply(self.state.status(message.round_id))
         if kind == "query":
             self.state.check_number(message.round_id)  # the study's round numbers cannot be used up
+            self.state.check_query_text(message)  # nor can crafted texts fill the rounds it keeps
         if kind == "close":
             await before_close(self, message, body)  # pairwise masking: first the survivors' unmask answers
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))

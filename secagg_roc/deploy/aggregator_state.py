@@ -34,6 +34,7 @@ from ..queries.run import JOIN
 from .config_schema import StudyConfig
 from .http_protocol import unpack_frames
 from .pairwise_relay import PREFIX as PAIRWISE, PairwiseRelay
+from .query_text import check_query_text, query_text_limit
 from .reservations import RESERVE, UNRESERVE, Reservations
 
 __all__ = ["AggregatorState", "Applied", "parse_refusal", "ABANDON_FACTOR", "RETAIN_RELEASED", "KEEP_SETTLED",
@@ -91,6 +92,8 @@ class AggregatorState:
         policy = config.policy
         assert policy is not None
         self.policy_digest = policy.digest()
+        #: The longest parameter text a live query may have here (`query_text`): what this study's plans send.
+        self.query_text_limit = query_text_limit(policy, self.sites)
         round_policy = RoundPolicy(
             frozenset(self.sites),
             min_sites=policy.min_sites,
@@ -120,6 +123,11 @@ class AggregatorState:
     def next_number(self) -> int:
         """The smallest number above every number used so far (for a new analyst)."""
         return max(max(self.numbers, default=-1), self.core.retired_max) + 1
+
+    def check_query_text(self, query: Query) -> None:
+        """Refuse a live query whose parameters are longer than this study's plans send (run by an Aggregator
+        before the query touches anything; a logged one replays: it was accepted under its build's rules)."""
+        check_query_text(query, self.query_text_limit)
 
     def check_number(self, rid: RoundId) -> None:
         """Refuse to open a new round numbered more than `MAX_NUMBER_GAP` above `next_number` (run by an

@@ -62,7 +62,7 @@ import os
 
 from ..errors import MessageError, SecAggError
 from ..messages import ErrorReply, InputShare, Message, Query
-from ..queries.run import JOIN
+from ..queries.run import JOIN, run_step
 from .aggregator_state import ABANDON_FACTOR
 from .config_schema import StudyConfig
 from .http import AggregatorClient
@@ -272,10 +272,10 @@ class SiteAgent(SiteAnswers):
 
     async def _await_previous(self, query: Query) -> None:
         """Before step t of a run: take in the release of step t-1 if this site answered it (fetching it now)."""
-        params = query.params
-        run, step = params.get("run"), params.get("step")
-        if query.name == JOIN or not isinstance(run, str) or isinstance(step, bool) or not isinstance(step, int):
+        found = run_step(query.params)
+        if query.name == JOIN or found is None:
             return
+        run, step = found
         previous = self.steps.get((run, step - 1))
         if previous is None or previous in self.settled:
             return  # the site's own checks decide (it never answered the previous step, or holds its release)

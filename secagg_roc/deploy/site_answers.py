@@ -51,7 +51,7 @@ from ..errors import ConfigError, EncodingError, SecAggError
 from ..ledger import Ledger, LedgerEntry
 from ..messages import ErrorReply, InputShare, Message, Query, RoundId, StatusRequest, decode
 from ..queries import SiteData
-from ..queries.run import JOIN
+from ..queries.run import JOIN, run_step
 from ..site import Site
 from .config_schema import SiteConfig, StudyConfig, with_article
 from .http_protocol import ERROR_CLASSES, pack_frames, unpack_frames
@@ -239,10 +239,9 @@ class SiteAnswers:
 
     def _index(self, number: int, query: Query) -> None:
         """Remember that round `number` answered its run's step (for `SiteAgent._await_previous`)."""
-        params = query.params
-        run, step = params.get("run"), params.get("step")
-        if isinstance(run, str) and isinstance(step, int):
-            self.steps[(run, step)] = number
+        found = run_step(query.params)
+        if found is not None:
+            self.steps[found] = number
 
     # -- answering ---------------------------------------------------------------
 

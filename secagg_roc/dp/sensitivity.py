@@ -43,6 +43,11 @@ class SensitivityWarning(UserWarning):
 RECOMMENDED = ((0.01, 0.2, 0.1), (0.03, 0.3, 0.4), (0.05, 0.5, 0.3), (0.07, 0.5, 0.5))
 _ABOVE = (0.5, 0.5)
 
+#: The most histogram breaks an analysis may ask for (public, the same at the analyst and every site).
+#: More breaks than any study has records only put each record in its own bin; the bound keeps every bin
+#: index exact in the representation's int32 (whose overflow above 2**31 would merge distant records).
+MAX_BREAKS = 10**9
+
 
 def recommended_privacy(l2_sensitivity: float) -> tuple[float, float]:
     """(epsilon, delta) recommended by the paper for an l2-sensitivity; warns above 0.07.
@@ -70,13 +75,17 @@ def recommended_privacy(l2_sensitivity: float) -> tuple[float, float]:
 
 
 def histogram_representation(X: np.ndarray, n_breaks: int, categorical: Sequence[int] = ()) -> np.ndarray:
-    """Integer representation of covariate rows: bin indices (numeric) and one-hot blocks (categorical)."""
+    """Integer representation of covariate rows: bin indices (numeric) and one-hot blocks (categorical).
+
+    `n_breaks` must lie in 1..`MAX_BREAKS`; the result has one int32 column per numeric column, whatever
+    `n_breaks` is (nothing here is sized by it).
+    """
     X = np.asarray(X, dtype=float)
     if X.ndim != 2:
         raise ValueError("covariates must form a (records x columns) matrix")
     n_breaks = int(n_breaks)
-    if n_breaks < 1:
-        raise ValueError(f"n_breaks must be >= 1, got {n_breaks}")
+    if not 1 <= n_breaks <= MAX_BREAKS:
+        raise ValueError(f"n_breaks must lie in 1..{MAX_BREAKS}, got {n_breaks}")
     cat = set(int(c) for c in categorical)
     if any(c < 0 or c >= X.shape[1] for c in cat):
         raise ValueError(f"categorical column indices must lie in 0..{X.shape[1] - 1}")
@@ -168,7 +177,7 @@ def l2_sensitivity(
     `stats.sensitivity`): three secure rounds, the record total (for the
     default ``n_breaks = N // 3``), the sites' smallest positive l1 distances,
     and their largest score gaps at the global smallest distance on the
-    policy's grid. The estimate informs the choice of the policy's
+    policy's grid. `n_breaks` must lie in 1..`MAX_BREAKS` (the default is capped there too). The estimate informs the choice of the policy's
     ``dp.l2_sensitivity``; it never sets a release's noise by itself.
     """
     from ..stats.sensitivity import SENSITIVITY, run_sensitivity

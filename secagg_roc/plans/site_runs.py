@@ -31,6 +31,7 @@ from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
 from ..queries.groups import label_problems, near_copies
+from ..queries.run import run_step
 from ..site_sets import site_set
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
 
@@ -71,10 +72,10 @@ class SiteRuns:
 
     def check_join(self, params: Mapping[str, Any], data: SiteData) -> tuple[Plan, dict[str, Any]]:
         """The plan and arguments of a join request, if this site takes part (else PolicyError)."""
-        run, step = params.get("run"), params.get("step")
+        run = params.get("run")
         if not isinstance(run, str) or not NAME_RE.match(run):
             raise PolicyError(f"site {self.site!r}: a run needs an id of 1-64 characters [A-Za-z0-9_.-]")
-        if step != 0:
+        if run_step(params) != (run, 0):  # the aggregators' rule: `false` or 0.0 is no step 0
             raise PolicyError(f"site {self.site!r}: run {run!r} must start with its join round (step 0)")
         if run in self.runs or run in self.finished:
             raise PolicyError(f"site {self.site!r}: run {run!r} was started before; a run id is used once")
@@ -193,9 +194,18 @@ class SiteRuns:
             raise PolicyError(f"site {self.site!r}: query {query!r} is not allowed by this site's allowed_queries "
                               "(its operator's whitelist of site queries)")
 
-    def expect(self, run: Any, number: Any) -> tuple[RunInfo, Step]:
-        """The step `number` of `run` this site will answer (PolicyError if it is not the next one)."""
-        if not isinstance(run, str) or run not in self.runs:
+    def expect(self, params: Mapping[str, Any]) -> tuple[RunInfo, Step]:
+        """The step of the run a round's `params` name, if it is the next one this site will answer (else
+        PolicyError). The run and step must have the types the aggregators require (`queries.run.run_step`):
+        compared as numbers alone, ``"step": true`` passed for step 1."""
+        found = run_step(params)
+        if found is None:
+            raise PolicyError(
+                f"site {self.site!r}: the round names no run id and integer step; sites answer only the "
+                "rounds of a declared analysis, in the order of its plan"
+            )
+        run, number = found
+        if run not in self.runs:
             if run in self.finished:
                 raise PolicyError(f"site {self.site!r}: run {run!r} has ended")
             raise PolicyError(

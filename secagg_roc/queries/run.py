@@ -8,7 +8,7 @@ theirs together. The aggregators fix the run's contributor set at this release.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -16,6 +16,19 @@ from .registry import QueryResult, SiteData, site_query
 
 #: The query name of every run's first round.
 JOIN = "run.join"
+
+
+def run_step(params: Mapping[str, Any]) -> tuple[str, int] | None:
+    """(run id, step) of a round's parameters if they have the types of a run's round, else None.
+
+    The one rule the Aggregators (`runbook.RunBook.check_open`) and the Sites (`plans.SiteRuns`) apply: the
+    run a string, the step an int and never a bool (``true == 1`` in Python, so a site comparing numbers
+    alone took ``"step": true`` for step 1, and ``false`` or ``0.0`` for a join, where aggregators refused).
+    """
+    run, step = params.get("run"), params.get("step")
+    if not isinstance(run, str) or isinstance(step, bool) or not isinstance(step, int):
+        return None
+    return run, step
 
 
 @site_query(JOIN, outputs={"sites": "int"})

@@ -41,7 +41,7 @@ from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
 from ..queries.roc_compare import FOCI, check_bounds
 from .roc_arith import partial_areas
-from .roc_compare import assemble_partial, check_range
+from .roc_compare import assemble_partial, check_flag, check_range
 from .roc_compare_results import PartialAuc
 from .roc_release import (
     RELEASE_QUERIES,
@@ -83,11 +83,7 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"focus must be one of {', '.join(FOCI)}, got {focus!r}")
     bounds = args.get("bounds")
     lo_hi = list(check_bounds(list(bounds) if isinstance(bounds, (list, tuple)) else bounds))
-    flags = {}
-    for key in ("correct", "allow_invalid_correct"):
-        flags[key] = args.get(key, False)
-        if not isinstance(flags[key], bool):
-            raise ValueError(f"{key} must be True or False, got {flags[key]!r}")
+    flags = {key: check_flag(key, args.get(key, False)) for key in ("correct", "allow_invalid_correct")}
     check_score_range(policy, args)
     privacy = declare_privacy(policy, args)
     if privacy["mode"] == "dp":
@@ -154,10 +150,12 @@ def partial_auc(
 
     pROC's ``auc(roc, partial.auc = c(hi, lo), partial.auc.focus, partial.auc.correct = correct)``
     with direction "<". The policy must list "pauc". Privacy as `roc_glm`;
-    under DP the range's ends must be multiples of 0.05 (fixed cut points).
+    under DP the range's ends must be multiples of 0.05 (fixed cut points). `correct` and
+    `allow_invalid_correct` must be booleans (Python's or numpy's; anything else is a ValueError).
     """
     focus, bounds = check_range(specificity, sensitivity)
-    args = {"label": label, "score": score, "focus": focus, "bounds": list(bounds), "correct": bool(correct),
-            "allow_invalid_correct": bool(allow_invalid_correct),
+    args = {"label": label, "score": score, "focus": focus, "bounds": list(bounds),
+            "correct": check_flag("correct", correct),
+            "allow_invalid_correct": check_flag("allow_invalid_correct", allow_invalid_correct),
             **privacy_args(epsilon, delta, l2_sensitivity, mechanism, score_range)}
     return run_analysis(study, "pauc", args)

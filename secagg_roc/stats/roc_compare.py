@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -82,6 +82,16 @@ def check_range(specificity: Sequence[float] | None, sensitivity: Sequence[float
     if not (0.0 <= lo < hi <= 1.0):
         raise ValueError(f"{focus} range must satisfy 0 <= lo < hi <= 1, got {given!r}")
     return focus, (lo, hi)
+
+
+def check_flag(name: str, value: Any) -> bool:
+    """`value` as a Python bool if it is a real boolean (Python's or numpy's); ValueError naming `name` otherwise.
+
+    Never ``bool(value)``: that would read "no", 0.5 or any object as a choice the caller did not make.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise ValueError(f"{name} must be True or False, got a value of type {type(value).__name__}")
 
 
 def check_weights(best_weights: Sequence[float]) -> tuple[float, float]:
@@ -227,7 +237,7 @@ def roc_test(y: ArrayLike, s1: ArrayLike, s2: ArrayLike, paired: bool = True, *,
     """
     alternative, conf_level = check_alternative(alternative), check_level(conf_level)
     labels = {"names": tuple(str(n) for n in names), "mode": "pooled"}
-    if paired:
+    if check_flag("paired", paired):
         if y2 is not None:
             raise ValueError("a paired test compares two scores of the same records: do not pass y2")
         y, (a, b) = _classes(y, s1, s2)
@@ -278,6 +288,8 @@ def partial_auc(y: ArrayLike, s: ArrayLike, specificity: Sequence[float] | None 
     and along tied segments; `correct` applies McClish's standardisation.
     """
     focus, bounds = check_range(specificity, sensitivity)
+    correct, allow_invalid_correct = (check_flag(k, v) for k, v in (("correct", correct),
+                                                                    ("allow_invalid_correct", allow_invalid_correct)))
     y, (s,) = _classes(y, s, least=1)
     neg, pos = sorted_sample(s[y == 0]), sorted_sample(s[y == 1])
     return assemble_partial(partial_area_sum(neg, pos, focus, bounds), focus=focus, bounds=bounds, correct=correct,

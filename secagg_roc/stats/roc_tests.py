@@ -33,6 +33,7 @@ from .roc_arith import exact_sum_limit
 from .roc_compare import (
     auc_and_variance,
     check_alternative,
+    check_flag,
     check_level,
     delong_pairs,
     moments_from_sums,
@@ -58,9 +59,7 @@ if TYPE_CHECKING:
 def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     """Canonical arguments of a ``roctest`` run, checked against the policy (run by Analyst and Sites)."""
     label, s1, s2 = (array_name(args, k) for k in ("label", "score1", "score2"))
-    paired = args.get("paired", True)
-    if not isinstance(paired, bool):
-        raise ValueError(f"paired must be True or False, got {paired!r}")
+    paired = check_flag("paired", args.get("paired", True))
     check_score_range(policy, args)
     out = {"label": label, "score1": s1, "score2": s2, "paired": paired,
            "alternative": check_alternative(args.get("alternative", "two.sided")),

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generator, Mapping
 
 import numpy as np
 
-from ..dp.sensitivity import L2Sensitivity, SensitivityWarning
+from ..dp.sensitivity import MAX_BREAKS, L2Sensitivity, SensitivityWarning
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..policy import Policy
 
@@ -36,8 +36,10 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(score, str):
         raise ValueError("score must be an array name")
     n_breaks = args.get("n_breaks")
-    if n_breaks is not None and (isinstance(n_breaks, bool) or not isinstance(n_breaks, int) or n_breaks < 1):
-        raise ValueError(f"n_breaks must be a positive integer, got {n_breaks!r}")
+    if n_breaks is not None and (isinstance(n_breaks, bool) or not isinstance(n_breaks, int)
+                                 or not 1 <= n_breaks <= MAX_BREAKS):
+        # Named, not echoed: an analyst's 10**40 would otherwise fill the error text.
+        raise ValueError(f"n_breaks must be an integer in 1..{MAX_BREAKS} (or omitted for N // 3)")
     categorical = sorted({int(c) for c in args.get("categorical") or []})
     max_distance = args.get("max_distance", 64)
     if isinstance(max_distance, bool) or not isinstance(max_distance, int) or not 1 <= max_distance <= 256:
@@ -69,7 +71,8 @@ def sensitivity_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step
     base = {"score": args["score"], "score_range": [lo, hi]}
     if n_breaks is None:
         total = yield Step("dp.record_count", base)
-        n_breaks = max(1, int(np.asarray(total["n"]).reshape(-1)[0]) // 3)
+        # Capped like a declared n_breaks: the bound holds for a study of more than 3e9 records too.
+        n_breaks = min(MAX_BREAKS, max(1, int(np.asarray(total["n"]).reshape(-1)[0]) // 3))
     common = {**base, "covariates": args["covariates"], "n_breaks": int(n_breaks), "categorical": args["categorical"]}
     max_distance = args["max_distance"]
     dist = yield Step("dp.l1_min_distance", {**common, "max_distance": max_distance})
