@@ -137,6 +137,25 @@ def test_a_covariate_in_months_beside_years_does_not_give_the_label_of_the_recor
     assert "site 'h1' does not take part" in text and "covariate age_m differs from age in fewer than 5" in text
 
 
+def test_two_columns_of_one_covariate_matrix_in_months_and_years_do_not_give_a_label_in_one_glm():
+    # The same copy as two columns of one matrix: one GLM's first score vector holds sum y X[0] and sum y X[1],
+    # and its column sums sum X[0] and sum X[1], which difference as above. The near-copy test compared whole
+    # arrays with other arrays only, never a matrix's columns with one another.
+    texts = set()
+    for label in (0, 1):
+        data = _sites()
+        for site in data.values():
+            site["X"] = np.column_stack([site["age"], 12 * site["age"]])
+        data["h1"]["X"][7, 1] += 5.0
+        data["h1"]["y"][7] = label
+        spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["X"]})))
+        assert spy.attempt(sr.fit_glm, "y", "X", max_iter=1) is None
+        assert spy.released() == []
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "covariate X[1] differs from X[0] in fewer than 5" in text
+
+
 # -- 3. a label beside its complement: two calibration curves --------------------------------------------------
 
 
@@ -157,6 +176,33 @@ def test_a_complement_label_with_one_record_not_complemented_does_not_give_its_l
         texts.add(spy.refusal())
     (text,) = texts
     assert "site 'h1' does not take part" in text and "label alive differs from y in fewer than 5" in text
+
+
+# -- 3b. a weight equal to a covariate but in one record: a weighted and an unweighted GLM ----------------------
+
+
+def test_a_weight_equal_to_a_covariate_but_in_one_record_does_not_give_that_records_label():
+    # Follow-up years as a covariate, and as prior weights an exposure array equal to it but in one record.
+    # Different roles, so the same-role test never compared them: the covariate's GLM gave sum fu and
+    # sum y fu, the weighted GLM sum w and sum w y; their differences were 2.0 and 2.0 * label (label 1.0000018
+    # and -1.8e-6).
+    texts = set()
+    for label in (0, 1):
+        rng = np.random.default_rng(1)
+        data = {f"h{k}": {"y": np.arange(40) % 2, "fu": np.round(rng.uniform(1, 5, 40), 2),
+                          "x": rng.normal(size=40)} for k in range(3)}
+        for site in data.values():
+            site["w"] = site["fu"].copy()
+        data["h1"]["w"][7] += 2.0
+        data["h1"]["y"][7] = label
+        spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["fu", "x"],
+                                                            "weight": ["w"]})))
+        assert _sums(spy, "fu") is None
+        assert spy.attempt(sr.fit_glm, "y", "x", weights="w", max_iter=1) is None
+        assert spy.released() == []
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "weight w differs from fu in fewer than 5 records" in text
 
 
 # -- 4. a recalibrated score with one record rescored: two secure AUCs ------------------------------------------

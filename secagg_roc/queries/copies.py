@@ -1,9 +1,10 @@
-"""Near copies: arrays of one role that differ in a small group of records, checked by each Site when a run starts.
+"""Near copies: arrays that differ from another array the policy names in a small group of records, checked by
+each Site when a run starts.
 
-Two arrays the policy gives the same role give two totals over the same records. When they differ in only a
-few records the difference of those totals is theirs: two outcome definitions (death within 30 and within 90
-days) that differ in one patient make two Brier scores give that patient's exact score, and two GLMs its
-covariates. Equality alone is not the test, since the totals are linear in what they sum:
+Two arrays of one role (or of two roles that sum alike) give two totals over the same records. When they
+differ in only a few records the difference of those totals is theirs: two outcome definitions (death within
+30 and within 90 days) that differ in one patient make two Brier scores give that patient's exact score, and
+two GLMs its covariates. Equality alone is not the test, since the totals are linear in what they sum:
 
 * a copy in other units (age in months and in years, a score in percent) or a complement (an "alive" label
   beside a "dead" one) differs from the array in every record, yet ``sum y * age_months - 12 * sum y * age``
@@ -12,7 +13,9 @@ covariates. Equality alone is not the test, since the totals are linear in what 
   changed (a corrected lab value) differs in every record too, yet two Brier scores difference into that
   record's squared error to within the noise.
 
-So a site compares each array of an analysis with every other array of its role, both ways, and refuses when
+So a site compares each array of an analysis with every other array the policy names (of any role: a weight
+that equals a covariate but in one record gives that record's label from a weighted and an unweighted GLM),
+both ways, and the columns of a matrix with one another (one GLM sums them side by side), and refuses when
 one is, except on fewer than ``min_cell`` records *in effect*, an affine map of the other: the residual of the
 identity map or of a robust affine fit (median slope of pairs half the records apart, median offset),
 whichever is smaller, is not zero, is smaller than the array's own spread (at most `NEAR_SHARE` of its
@@ -37,10 +40,12 @@ The refusal names the two arrays and the rule, never a count or a value.
 from __future__ import annotations
 
 from bisect import bisect_right
+from itertools import combinations
 from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from ..policy import ROLES
 from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
 
@@ -137,13 +142,17 @@ def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
 
 
 def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
-                same_role: Callable[[str], Iterable[str] | None]) -> list[str]:
-    """Arrays of an analysis that another array of the same role is a near copy of at `site` (see the module
-    docstring): equal but in 1..min_cell-1 records, an affine map of it but for fewer than `min_cell` records
-    in effect, or (scores) in its order but for 1..min_cell-1 records. `same_role(role)` names the arrays the
-    policy gives that role (None: every array of the site, as under a policy without roles)."""
+                role_arrays: Callable[[str], Iterable[str] | None]) -> list[str]:
+    """Arrays of an analysis that another array the policy names is a near copy of at `site` (see the module
+    docstring): equal but in 1..min_cell-1 records, or an affine map of it but for fewer than `min_cell`
+    records in effect (against the arrays of every role: a weight equal to a covariate but in one record gave
+    that record's label from a weighted and an unweighted GLM); or, for a score, in another score's order but
+    for 1..min_cell-1 records. `role_arrays(role)` names the arrays the policy gives that role (None: every
+    array of the site, as under a policy without roles)."""
     if min_cell <= 1:
         return []
+    named = [role_arrays(role) for role in ROLES]
+    every = None if any(names is None for names in named) else {a for names in named for a in names}
     problems: list[str] = []
     for role, name in uses:
         if name not in site.arrays:
@@ -151,8 +160,14 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         a = np.asarray(site.arrays[name])
         if a.ndim == 0 or a.dtype.kind not in "iufb":
             continue
-        others = same_role(role)
-        for other in sorted(site.arrays if others is None else set(others) & set(site.arrays)):
+        columns = _columns(a) if 1 < int(np.prod(a.shape[1:])) <= MAX_COLUMNS else []
+        for (i, x), (j, z) in combinations(enumerate(columns), 2):
+            # Two columns of one matrix enter one GLM together: its score vector holds both sums.
+            if 0 < int(np.count_nonzero(x != z)) < min_cell or _near_map(x, z, min_cell) or _near_map(z, x, min_cell):
+                problems.append(f"{role} {name}[{j}] differs from {name}[{i}] in fewer than {min_cell} records here "
+                                "(as it is, or up to a change of scale and offset)")
+        scores = role_arrays("score")
+        for other in sorted(site.arrays if every is None else every & set(site.arrays)):
             b = np.asarray(site.arrays[other])
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
@@ -164,8 +179,8 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if near:
                 problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here "
                                 "(as it is, or up to a change of scale and offset)")
-            elif role == "score" and a.ndim == 1 and b.ndim == 1 and \
-                    _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
+            elif role == "score" and (scores is None or other in set(scores)) and a.ndim == 1 and b.ndim == 1 \
+                    and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
                 problems.append(f"{role} {name} ranks the records as {other} does but for fewer than {min_cell} "
                                 "records here")
     return problems
