@@ -13,9 +13,11 @@ two GLMs its covariates. Equality alone is not the test, since the totals are li
   changed (a corrected lab value) differs in every record too, yet two Brier scores difference into that
   record's squared error to within the noise.
 
-So a site compares each array of an analysis with every other array the policy names (of any role: a weight
-that equals a covariate but in one record gives that record's label from a weighted and an unweighted GLM),
-both ways, and the columns of a matrix with one another (one GLM sums them side by side), and refuses when
+So a site compares each array of an analysis with every other array the policy names that sums alike (a label
+with the labels; a score, covariate or weight with every array of those roles: a weight that equals a
+covariate but in one record gives that record's label from a weighted and an unweighted GLM; without roles, a
+label with the 0/1 arrays and a score with the others), both ways (and, for the GLM and column sums, which sum
+a matrix's columns side by side, those columns with one another: `column_copies`), and refuses when
 one is, except on fewer than ``min_cell`` records *in effect*, an affine map of the other: the residual of the
 identity map or of a robust affine fit (median slope of pairs half the records apart, median offset),
 whichever is smaller, is not zero, is smaller than the array's own spread (at most `NEAR_SHARE` of its
@@ -23,7 +25,7 @@ absolute deviations from its median: a map that does not explain the array says 
 ``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of its total (a group of ``min_cell`` equal
 differences just meets that, as `groups` judges covariates). Residuals below `RESOLUTION` of the arrays'
 magnitude count as zero: an exact copy in other units, computed in floating point, is no near copy. Arrays are
-compared so over at least `MIN_RECORDS` and more than 4 (min_cell - 1) records (a handful of records fits some
+compared so over at least `MIN_RECORDS` and more than 3 (min_cell - 1) records (a handful of records fits some
 map by chance; equality is checked there too).
 
 Rank statistics need no affine map: a score recalibrated by any monotone curve (p^2, Platt scaling) ranks the
@@ -32,7 +34,8 @@ records of the other class that record passed (exactly, over 60 records). So two
 when one ranks the records as the other does (in the same or the reverse order) except for 1..min_cell-1 of
 them (and fewer than a quarter of the site's records, so that two unrelated scores of a handful of records do
 not agree that far by chance; and both with more distinct values than a categorical column: a label or a few
-risk groups ties records rather than ordering them). Matrices wider than `MAX_COLUMNS` are compared by equality only.
+risk groups ties records rather than ordering them). Matrices wider than `MAX_COLUMNS` are compared by
+equality only.
 
 The refusal names the two arrays and the rule, never a count or a value.
 """
@@ -53,8 +56,9 @@ from .registry import SiteData
 NEAR_SHARE = 0.8
 #: Residuals below this fraction of the arrays' largest magnitude are float noise of an exact map.
 RESOLUTION = 1e-9
-#: The fewest records over which arrays are compared as maps (fewer fit some map by chance: a label and a
-#: score of 5-8 records did in 1-3% of draws at min_cell 2; none from 12 records on).
+#: The fewest records over which arrays are compared as maps, with at least 3 (min_cell - 1) + 1: fewer fit
+#: some map but for min_cell - 1 records by chance (a label and a score of 5-8 records did in 1-3% of draws at
+#: min_cell 2; at min_cell 5, 12 records in 0.3-4%, 14 in under 0.5%; at min_cell 10, 16 records in 1-27%).
 MIN_RECORDS = 12
 #: Columns of a matrix compared one by one (beyond this, matrices are compared by equality only: the pairs
 #: of columns grow as their product).
@@ -90,7 +94,7 @@ def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
     """Whether `b` is an affine map of `a` (the identity included) except on fewer than `min_cell` records in
     effect (see the module docstring)."""
     k = max(1, min_cell - 1)
-    if a.size < max(4 * k + 1, MIN_RECORDS) or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
+    if a.size < max(MIN_RECORDS, 3 * k + 1) or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return False  # a handful of records fit some map by chance (non-finite data are refused before this)
     spread = float(np.abs(b - np.median(b)).sum())
     if spread == 0:
@@ -136,6 +140,10 @@ def _near_order(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
     return 0 < moved < min_cell and moved < a.size / 4
 
 
+def _zero_one(a: np.ndarray) -> bool:
+    return bool(np.all((a == 0) | (a == 1)))
+
+
 def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
     differ = a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1)
     return int(np.count_nonzero(differ.any(axis=1)))
@@ -145,14 +153,17 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
                 role_arrays: Callable[[str], Iterable[str] | None]) -> list[str]:
     """Arrays of an analysis that another array the policy names is a near copy of at `site` (see the module
     docstring): equal but in 1..min_cell-1 records, or an affine map of it but for fewer than `min_cell`
-    records in effect (against the arrays of every role: a weight equal to a covariate but in one record gave
-    that record's label from a weighted and an unweighted GLM); or, for a score, in another score's order but
+    records in effect (a label against labels; a score, covariate or weight against every array of those
+    roles: a weight equal to a covariate but in one record gave that record's label from a weighted and an
+    unweighted GLM); or, for a score, in another score's order but
     for 1..min_cell-1 records. `role_arrays(role)` names the arrays the policy gives that role (None: every
     array of the site, as under a policy without roles)."""
     if min_cell <= 1:
         return []
     named = [role_arrays(role) for role in ROLES]
     every = None if any(names is None for names in named) else {a for names in named for a in names}
+    # (Labels are compared with labels; scores, covariates and weights, which all enter sums as values, with
+    # one another.)
     problems: list[str] = []
     for role, name in uses:
         if name not in site.arrays:
@@ -160,20 +171,21 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         a = np.asarray(site.arrays[name])
         if a.ndim == 0 or a.dtype.kind not in "iufb":
             continue
-        columns = _columns(a) if 1 < int(np.prod(a.shape[1:])) <= MAX_COLUMNS else []
-        for (i, x), (j, z) in combinations(enumerate(columns), 2):
-            # Two columns of one matrix enter one GLM together: its score vector holds both sums.
-            if 0 < int(np.count_nonzero(x != z)) < min_cell or _near_map(x, z, min_cell) or _near_map(z, x, min_cell):
-                problems.append(f"{role} {name}[{j}] differs from {name}[{i}] in fewer than {min_cell} records here "
-                                "(as it is, or up to a change of scale and offset)")
         scores = role_arrays("score")
-        for other in sorted(site.arrays if every is None else every & set(site.arrays)):
+        if every is None:
+            others = set(site.arrays)
+        else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
+            others = set(role_arrays("label") or ()) if role == "label" else every - set(role_arrays("label") or ())
+            others &= set(site.arrays)
+        for other in sorted(others):
             b = np.asarray(site.arrays[other])
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
             count = _differ_count(a, b) if b.shape == a.shape else 0
             pairs = [(x, z) for x in _columns(a) for z in _columns(b)] \
                 if int(np.prod(a.shape[1:])) <= MAX_COLUMNS and int(np.prod(b.shape[1:])) <= MAX_COLUMNS else []
+            if every is None and role in ("label", "score") and _zero_one(b) != (role == "label"):
+                pairs = []  # (no roles: a label is judged against 0/1 arrays, a score against the others, as above)
             near = 0 < count < min_cell or any(
                 _near_map(x, z, min_cell) or _near_map(z, x, min_cell) for x, z in pairs)
             if near:
@@ -183,6 +195,26 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
                     and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
                 problems.append(f"{role} {name} ranks the records as {other} does but for fewer than {min_cell} "
                                 "records here")
+    return problems
+
+
+def column_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
+    """Run by each Site for the analyses that sum a covariate matrix's columns side by side (the GLM, column
+    sums): two columns of one matrix that are near copies of each other (as `near_copies` judges two arrays).
+    Age in years and in months as two columns, one record off, gave that record's label in one GLM's first
+    score vector. (A categorical column's one-hot indicators, complements but for a rare level, are the
+    cross-table rule's concern in `groups`, which names the level.)"""
+    if min_cell <= 1:
+        return []
+    problems = []
+    for role, name in uses:
+        a = np.asarray(site.arrays.get(name, 0.0))
+        if role != "covariate" or a.ndim != 2 or not 1 < a.shape[1] <= MAX_COLUMNS or a.dtype.kind not in "iufb":
+            continue
+        for (i, x), (j, z) in combinations(enumerate(_columns(a)), 2):
+            if 0 < int(np.count_nonzero(x != z)) < min_cell or _near_map(x, z, min_cell) or _near_map(z, x, min_cell):
+                problems.append(f"covariate {name}[{j}] differs from {name}[{i}] in fewer than {min_cell} records "
+                                "here (as it is, or up to a change of scale and offset)")
     return problems
 
 
