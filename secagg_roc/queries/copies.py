@@ -42,7 +42,10 @@ The refusal names the two arrays and the rule, never a count or a value.
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from bisect import bisect_right
+from collections import OrderedDict
 from itertools import combinations
 from typing import Any, Callable, Iterable
 
@@ -63,6 +66,34 @@ MIN_RECORDS = 12
 #: Columns of a matrix compared one by one (beyond this, matrices are compared by equality only: the pairs
 #: of columns grow as their product).
 MAX_COLUMNS = 16
+
+
+#: Verdicts on pairs of arrays, keyed by their contents' digests: a site checks the same arrays at every run's
+#: join, and the checks sort them (a run over 20,000 records a site took 0.3 s more without it).
+_VERDICTS: OrderedDict[tuple, Any] = OrderedDict()
+_VERDICTS_LOCK = threading.Lock()
+MAX_VERDICTS = 4096
+
+
+def _digest(x: np.ndarray) -> bytes:
+    x = np.ascontiguousarray(x)
+    h = hashlib.blake2b(f"{x.dtype.str}{x.shape}".encode(), digest_size=16)
+    h.update(x.view(np.uint8).reshape(-1))
+    return h.digest()
+
+
+def _verdict(key: tuple, judge: Callable[[], Any]) -> Any:
+    """`judge()`, remembered under `key` (digests of the arrays judged and the rule's parameters)."""
+    with _VERDICTS_LOCK:
+        if key in _VERDICTS:
+            _VERDICTS.move_to_end(key)
+            return _VERDICTS[key]
+    value = judge()
+    with _VERDICTS_LOCK:
+        _VERDICTS[key] = value
+        while len(_VERDICTS) > MAX_VERDICTS:
+            _VERDICTS.popitem(last=False)
+    return value
 
 
 def _columns(a: np.ndarray) -> list[np.ndarray]:
@@ -112,12 +143,21 @@ def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
     return float(np.abs(best).sum()) <= NEAR_SHARE * spread and _dominated(best, k)
 
 
-def _out_of_order(a: np.ndarray, b: np.ndarray) -> int:
+def _out_of_order(a: np.ndarray, b: np.ndarray, cap: int | None = None) -> int:
     """The fewest records without which `b` is a non-decreasing or a non-increasing function of `a`: n minus
-    the longest monotone run of b in the order of a (ties of a in the order of b, so a tie never counts)."""
+    the longest monotone run of b in the order of a (ties of a in the order of b, so a tie never counts).
+
+    With `cap`, any count of at least `cap` may come back as `cap`: each record out of the order makes at most
+    two descents in the sequence, so 2 cap - 1 descents or more settle it without the run (a Python loop)."""
     best = 0
     for sign in (1.0, -1.0):
         seq = (sign * b)[np.lexsort((sign * b, a))]
+        descents = int(np.count_nonzero(seq[1:] < seq[:-1]))
+        if descents == 0:
+            return 0
+        if cap is not None and descents >= 2 * cap - 1:
+            best = max(best, a.size - cap)
+            continue
         tails: list[float] = []
         for v in seq.tolist():  # patience sorting: tails[i] is the least end of a run of length i + 1
             i = bisect_right(tails, v)
@@ -136,7 +176,7 @@ def _near_order(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
     the ROC-GLM's placements) then difference into those records' ranks."""
     if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
         return False  # a label or a few risk groups: ties, not an order (their copies are judged as maps above)
-    moved = _out_of_order(a, b)
+    moved = _out_of_order(a, b, cap=min_cell)
     return 0 < moved < min_cell and moved < a.size / 4
 
 
@@ -165,6 +205,13 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     # (Labels are compared with labels; scores, covariates and weights, which all enter sums as values, with
     # one another.)
     problems: list[str] = []
+    digests: dict[str, bytes] = {}
+
+    def digest(array_name: str) -> bytes:  # each array hashed once per check
+        if array_name not in digests:
+            digests[array_name] = _digest(np.asarray(site.arrays[array_name]))
+        return digests[array_name]
+
     for role, name in uses:
         if name not in site.arrays:
             continue
@@ -181,21 +228,35 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             b = np.asarray(site.arrays[other])
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
-            count = _differ_count(a, b) if b.shape == a.shape else 0
-            pairs = [(x, z) for x in _columns(a) for z in _columns(b)] \
-                if int(np.prod(a.shape[1:])) <= MAX_COLUMNS and int(np.prod(b.shape[1:])) <= MAX_COLUMNS else []
-            if every is None and role in ("label", "score") and _zero_one(b) != (role == "label"):
-                pairs = []  # (no roles: a label is judged against 0/1 arrays, a score against the others, as above)
-            near = 0 < count < min_cell or any(
-                _near_map(x, z, min_cell) or _near_map(z, x, min_cell) for x, z in pairs)
-            if near:
+            ranked = role == "score" and (scores is None or other in set(scores))
+            key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked)
+            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked))
+            if found == MAP:
                 problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here "
                                 "(as it is, or up to a change of scale and offset)")
-            elif role == "score" and (scores is None or other in set(scores)) and a.ndim == 1 and b.ndim == 1 \
-                    and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
+            elif found == ORDER:
                 problems.append(f"{role} {name} ranks the records as {other} does but for fewer than {min_cell} "
                                 "records here")
     return problems
+
+
+#: What `_judge_pair` finds.
+NONE, MAP, ORDER = 0, 1, 2
+
+
+def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles: bool, ranked: bool) -> int:
+    """MAP if `a` and `b` are equal or affine maps of each other but for a few records in effect, else ORDER
+    if (`ranked`: two scores) one is in the other's order but for a few records, else NONE."""
+    count = _differ_count(a, b) if b.shape == a.shape else 0
+    pairs = [(x, z) for x in _columns(a) for z in _columns(b)] \
+        if int(np.prod(a.shape[1:])) <= MAX_COLUMNS and int(np.prod(b.shape[1:])) <= MAX_COLUMNS else []
+    if no_roles and role in ("label", "score") and _zero_one(b) != (role == "label"):
+        pairs = []  # (no roles: a label is judged against 0/1 arrays, a score against the others)
+    if 0 < count < min_cell or any(_near_map(x, z, min_cell) or _near_map(z, x, min_cell) for x, z in pairs):
+        return MAP
+    if ranked and a.ndim == 1 and b.ndim == 1 and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
+        return ORDER
+    return NONE
 
 
 def column_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
@@ -242,7 +303,7 @@ def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
     a bucket of either grid that holds at least min_cell (a bucket released, so the part can be differenced)."""
     if ia.size == 0:
         return False
-    cells, cell_of, counts = np.unique(np.column_stack([ia, ib]), axis=0, return_inverse=True, return_counts=True)
+    cells, counts = np.unique(np.column_stack([ia, ib]), axis=0, return_counts=True)
     na, nb = np.bincount(ia)[cells[:, 0]], np.bincount(ib)[cells[:, 1]]
     small = (counts < min_cell) & ((counts < na) | (counts < nb)) & (np.maximum(na, nb) >= min_cell)
     return bool(np.any(small))
@@ -271,10 +332,14 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
         if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
             continue
         b = b.astype(np.float64)
-        if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS or _out_of_order(a, b):
-            continue  # not one order (a few records out of it are `near_copies`' concern)
-        if any(_split_bucket(_buckets(a[y == c], ga), _buckets(b[y == c], gb), min_cell)
-               for c in np.unique(y) for ga in grids for gb in grids):
+
+        def crossing() -> bool:
+            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS or _out_of_order(a, b, cap=1):
+                return False  # not one order (a few records out of it are `near_copies`' concern)
+            return any(_split_bucket(_buckets(a[y == c], ga), _buckets(b[y == c], gb), min_cell)
+                       for c in np.unique(y) for ga in grids for gb in grids)
+
+        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
             problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
                             f"a bucket where the two grids cross holds fewer than {min_cell} records here")
     return problems
