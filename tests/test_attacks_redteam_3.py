@@ -294,9 +294,10 @@ def test_a_score_in_the_order_of_another_but_for_a_few_records_is_a_near_copy(se
 # -- 5. a shifted copy of a score: two exact histograms over crossing grids -------------------------------------
 
 
-def _shifted(extra: float | None, bins: int = 10) -> dict:
+def _shifted(extra: float | None, bins: int = 10, rescored: int = 0) -> dict:
     """Every bucket of p holds 0 or >= 5 records of each class at every site, so nothing is withheld; p2 is p
-    shifted by half a bucket (one order, another grid). h1 also holds one negative at `extra`."""
+    shifted by half a bucket (one order, another grid), but for `rescored` top records per site moved out of
+    the order. h1 also holds one negative at `extra`."""
     rng = np.random.default_rng(7)
     data = {}
     for k in range(3):
@@ -306,7 +307,10 @@ def _shifted(extra: float | None, bins: int = 10) -> dict:
             neg = np.r_[neg, extra]
         p = np.round(np.r_[neg, pos] + 0.001 * rng.random(neg.size + pos.size), 4)
         y = np.r_[np.zeros(neg.size, np.int64), np.ones(pos.size, np.int64)]
-        data[f"h{k}"] = {"y": y, "p": p, "p2": np.round(p + 0.5 / bins, 4)}
+        p2 = np.round(p + 0.5 / bins, 4)
+        top = np.flatnonzero(p > 0.8)[:rescored]
+        p2[top] = np.round(0.66 + 0.001 * np.arange(top.size), 4)
+        data[f"h{k}"] = {"y": y, "p": p, "p2": p2}
     return data
 
 
@@ -326,16 +330,17 @@ _GRID_POLICY = Policy(roles={"label": ["y"], "score": ["p", "p2"]}, histogram_bi
                       analyses=("score_histogram", "calibration", "secure_auc"))
 
 
-@pytest.mark.parametrize("analysis", ["histogram", "calibration"])
-def test_a_shifted_copy_of_a_score_does_not_give_a_half_bucket_of_one_record(analysis):
+@pytest.mark.parametrize("analysis, rescored", [("histogram", 0), ("calibration", 0), ("histogram", 6)])
+def test_a_shifted_copy_of_a_score_does_not_give_a_half_bucket_of_one_record(analysis, rescored):
     # p2 = p + half a bucket ranks every record as p does (no record out of order, no affine residual), so
     # neither near-copy rule saw it. Both Federated histograms were released whole (every site's cells >= 5),
     # and solved bucket by bucket they gave the negatives per half bucket: [0.35, 0.40) held exactly 1, the
     # record of h1 at 0.37 -- a cell of one record under min_cell_count = 5. (The calibration curve's bins are
-    # the same grid here, so its counts do the same.)
+    # the same grid here, so its counts do the same.) With six records per site rescored out of the order (too
+    # many for the near-order rule), the buckets below them still solved into the same half bucket of one.
     texts = set()
     for extra in (0.37, 0.38):
-        spy = Spy(sr.Study.local(_shifted(extra), policy=_GRID_POLICY))
+        spy = Spy(sr.Study.local(_shifted(extra, rescored=rescored), policy=_GRID_POLICY))
         if analysis == "histogram":
             h1, h2 = spy.attempt(sr.score_histogram, "y", "p"), spy.attempt(sr.score_histogram, "y", "p2")
             assert h1 is None or h2 is None or not np.any((_half_buckets(h1, h2) > 0) & (_half_buckets(h1, h2) < Q))

@@ -298,6 +298,35 @@ def _buckets(x: np.ndarray, grid: tuple[float, float, int]) -> np.ndarray:
     return np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
 
 
+def _monotone_part(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """The records of a longest run in which `b` follows `a`'s order (or its reverse), if the records off it
+    are fewer than a quarter of them (else None): two scores that rank most records alike."""
+    best: np.ndarray | None = None
+    for sign in (1.0, -1.0):
+        order = np.lexsort((sign * b, a))
+        seq = (sign * b)[order]
+        if int(np.count_nonzero(seq[1:] < seq[:-1])) >= a.size / 2:
+            continue  # each record off the run makes at most two descents: a quarter or more are off it
+        tails: list[float] = []
+        ends: list[int] = []  # ends[i]: position in seq of the end of the best run of length i + 1
+        before = np.full(seq.size, -1)
+        for pos, v in enumerate(seq.tolist()):
+            i = bisect_right(tails, v)
+            before[pos] = ends[i - 1] if i else -1
+            if i == len(tails):
+                tails.append(v)
+                ends.append(pos)
+            else:
+                tails[i], ends[i] = v, pos
+        run, pos = [], ends[-1]
+        while pos >= 0:
+            run.append(pos)
+            pos = before[pos]
+        if best is None or len(run) > best.size:
+            best = order[np.asarray(run[::-1])]
+    return best if best is not None and a.size - best.size < a.size / 4 else None
+
+
 def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
     """Whether some record's pair of buckets (one per grid) holds 1..min_cell-1 records and is a proper part of
     a bucket of either grid that holds at least min_cell (a bucket released, so the part can be differenced)."""
@@ -311,10 +340,12 @@ def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
 
 def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
     """Run by each Site when a run of an exact binned analysis (Federated histogram, uniform calibration curve,
-    secure AUC) starts: scores of the policy's score role that rank the site's records exactly as the run's
-    score does (a monotone recalibration, a shifted or rounded copy) yet bucket them otherwise on the policy's
-    grids. The two binned releases are then one score's over crossing grids, which difference into the parts
-    of buckets where they cross: a part of 1..min_cell-1 records of one class is refused, as a cell."""
+    secure AUC) starts: scores of the policy's score role that rank the site's records as the run's score does
+    (a monotone recalibration, a shifted or rounded copy; all but fewer than a quarter of the records) yet
+    bucket them otherwise on the policy's grids. The two binned releases are then one score's over crossing
+    grids, which difference into the parts of buckets where they cross: a part of 1..min_cell-1 records of
+    one class, among the records in the common order, is refused, as a cell. (Six records per site rescored
+    out of the order left a half bucket of one record to be solved from the buckets below them.)"""
     min_cell = policy.min_cell_count
     name, label = args.get("score"), args.get("label")
     if min_cell <= 1 or name not in site.arrays or label not in site.arrays:
@@ -334,10 +365,14 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
         b = b.astype(np.float64)
 
         def crossing() -> bool:
-            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS or _out_of_order(a, b, cap=1):
-                return False  # not one order (a few records out of it are `near_copies`' concern)
-            return any(_split_bucket(_buckets(a[y == c], ga), _buckets(b[y == c], gb), min_cell)
-                       for c in np.unique(y) for ga in grids for gb in grids)
+            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
+                return False  # a label or a few risk groups: ties, not an order
+            run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
+            if run is None:
+                return False
+            ar, br, yr = a[run], b[run], y[run]
+            return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
+                       for c in np.unique(yr) for ga in grids for gb in grids)
 
         if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
             problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
