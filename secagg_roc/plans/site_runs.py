@@ -30,7 +30,8 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
-from ..queries.groups import label_problems, near_copies
+from ..queries.copies import near_copies
+from ..queries.groups import label_problems
 from ..queries.run import run_step
 from ..site_sets import site_set
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value

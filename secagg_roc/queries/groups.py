@@ -8,8 +8,9 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
 
 * every class of a label holds 0 or at least ``min_cell`` records, in every
   analysis (`label_problems`);
-* no array of an analysis differs from another array of its role in 1..min_cell-1
-  records (`near_copies`): two outcome definitions that differ in one patient
+* no array of an analysis is a near copy of another array of its role: equal, or
+  equal up to a change of scale and offset, but in 1..min_cell-1 records in
+  effect (`queries.copies`): two outcome definitions that differ in one patient
   would give two totals whose difference is that patient's;
 * for the analyses that sum products of covariates (the GLM, column sums:
   `small_groups`), a categorical column (at most `CATEGORICAL_LEVELS` distinct
@@ -123,33 +124,6 @@ def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: in
         for name, column in _columns(site, array, names)
         if _small(np.unique(column, return_counts=True)[1], min_cell)
     ]
-
-
-def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
-                same_role: Callable[[str], Iterable[str] | None]) -> list[str]:
-    """Arrays of an analysis that another array of the same role differs from in 1..min_cell-1 records here.
-
-    Two such arrays give the same total twice over records that differ in a small group: two outcome
-    definitions (death within 30 and within 90 days) that differ in one patient make two Brier scores give
-    that patient's exact score, and two GLMs its covariates. `same_role(role)` names the arrays the policy
-    gives that role (None: every array of the site, as under a policy without roles)."""
-    if min_cell <= 1:
-        return []
-    problems: list[str] = []
-    for role, name in uses:
-        if name not in site.arrays:
-            continue
-        a = np.asarray(site.arrays[name])
-        others = same_role(role)
-        for other in sorted(site.arrays if others is None else set(others) & set(site.arrays)):
-            b = np.asarray(site.arrays[other])
-            if other == name or b.shape != a.shape or a.ndim == 0:
-                continue
-            differ = a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1)
-            count = int(np.count_nonzero(differ.any(axis=1)))
-            if 0 < count < min_cell:
-                problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here")
-    return problems
 
 
 def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:

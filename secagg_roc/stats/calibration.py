@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
+from ..queries.copies import crossing_copies
 from ..queries.groups import small_groups
 from .binning import bin_edges, quantile_edges
 from .glm import precision
@@ -236,8 +237,13 @@ def _calibration_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
     return {"calibration.bins"} | ({SCORES} if args.get("strategy") == "quantile" else set())
 
 
+def _calibration_crossing(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    # Uniform bins of a score and of a recalibrated copy of it are one score's over crossing bins.
+    return [] if args.get("strategy") == "quantile" else crossing_copies(data, args, policy)
+
+
 @plan("calibration", declare=_calibration_declare, uses=label_score_uses, min_records=_calibration_min_records,
-      queries={"calibration.bins", SCORES}, sends=_calibration_sends)
+      queries={"calibration.bins", SCORES}, sends=_calibration_sends, data_check=_calibration_crossing)
 def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, CalibrationCurve]:
     """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site;
     with quantile bins, first the scores' release the edges come from."""

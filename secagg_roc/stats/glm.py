@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Generator, Mapping, Sequence
 import numpy as np
 
 from ..plans import PlanContext, Step, plan, run_analysis
+from ..queries.copies import column_copies
 from ..queries.groups import small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
@@ -193,7 +194,9 @@ MAX_COEF_SHARE = 0.33
 
 def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     # The score vector and information at beta = 0 are cross-tables of the response and the covariates.
-    return small_groups(data, _glm_uses(args), policy.min_cell_count)
+    uses = _glm_uses(args)
+    problems = small_groups(data, uses, policy.min_cell_count)
+    return problems or column_copies(data, uses, policy.min_cell_count)
 
 
 def _glm_sends(policy: Policy, args: dict[str, Any]) -> set[str]:

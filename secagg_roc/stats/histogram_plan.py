@@ -32,6 +32,7 @@ from ..dp.discrete import discrete_laplace, discrete_laplace_variance, oue_debia
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import MAX_HISTOGRAM_BINS, Policy
+from ..queries.copies import crossing_copies
 from .binning import quantile_edges
 from .calibration import _quantile_release
 from .histogram import ScoreHistogram, equal_width_edges
@@ -140,8 +141,13 @@ def _sends(policy: Policy, args: dict[str, Any]) -> set[str]:
     return {PRIVACY[args["privacy"]]} | ({SCORES} if args.get("strategy") == "quantile" else set())
 
 
+def _crossing_copies(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    # Exact counts of a score and of a recalibrated copy of it are one score's over crossing grids.
+    return crossing_copies(data, args, policy) if args["privacy"] == "federated" else []
+
+
 @plan("score_histogram", declare=_declare, uses=label_score_uses, min_records=_min_records,
-      queries={*PRIVACY.values(), SCORES}, sends=_sends)
+      queries={*PRIVACY.values(), SCORES}, sends=_sends, data_check=_crossing_copies)
 def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, ScoreHistogram]:
     """The ``score_histogram`` plan: one secure round of per-class bucket counts under the declared model."""
     policy = ctx.policy

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Generator
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
+from ..queries.copies import crossing_copies
 from .histogram_plan import declare_bins, suppression_groups
 from .roc_release import array_name, check_score_range
 
@@ -86,7 +87,8 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
 SHARES = "histogram.shares"
 
 
-@plan("secure_auc", declare=_declare, uses=label_score_uses, queries={SHARES})
+@plan("secure_auc", declare=_declare, uses=label_score_uses, queries={SHARES},
+      data_check=lambda data, args, policy: crossing_copies(data, args, policy))
 def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, SecureAuc]:
     """The ``secure_auc`` plan: one kept round of exact per-class bucket counts; its release is the AUC."""
     if ctx.run.records >= MAX_RECORDS:
