@@ -69,12 +69,18 @@ def cluster(tmp_path_factory: pytest.TempPathFactory):
 # --------------------------------------------------------------------------- raw TLS
 
 
-def tls(cl: LocalCluster, party: str, j: int = 0, timeout: float = 10.0) -> ssl.SSLSocket:
-    """A TLS connection to aggregator `j` presenting `party`'s certificate (nothing sent yet)."""
+def tls(cl: LocalCluster, party: str, j: int = 0, timeout: float = 10.0, rcvbuf: int = 0) -> ssl.SSLSocket:
+    """A TLS connection to aggregator `j` presenting `party`'s certificate (nothing sent yet); with `rcvbuf`,
+    a receive buffer of that size (set before connecting: the window it advertises cannot shrink after)."""
     config = cl.config
     p, agg = config.party(party), config.aggregators[j]
     ctx = client_ssl_context(config.ca_cert, p.cert, p.key)
-    sock = socket.create_connection((agg.host, agg.port), timeout=timeout)
+    family, kind, proto, _, address = socket.getaddrinfo(agg.host, agg.port, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.settimeout(timeout)
+    if rcvbuf:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    sock.connect(address)
     return ctx.wrap_socket(sock, server_hostname=agg.host)
 
 
@@ -438,6 +444,34 @@ def test_a_client_that_never_reads_its_replies_is_dropped(cluster) -> None:
     lines = health.wait_log(r"dropped the connection of 127\.0\.0\.1:\d+: it read none of its \d+ pending reply "
                             r"bytes for \d+ s", timeout=IDLE_S + 10)
     assert lines, health.logs()[-2000:]
+    sock.close()
+    health.check()
+
+
+def test_replies_a_client_never_reads_are_pending_even_when_the_kernel_holds_them_all(cluster) -> None:
+    """The never-reading client's flake, made certain: a client that stops sending before the server's
+    buffers fill (its send timed out under load) had every reply answered, encrypted and handed to the
+    kernel, which holds them for it. Only unencrypted bytes were counted as pending, so nothing was: the
+    keep-alive timer closed the connection without a word, and the TLS close then held the socket (30 s)
+    unseen by every sweep. The kernel's unsent bytes count now, for as long as the socket is open."""
+    health = Health(cluster)
+    sock = tls(cluster, "site-b", timeout=3, rcvbuf=4096)
+    sock.sendall(head("GET", "/v1/info") * 100)  # ~40 kB of replies: more than the client's buffer takes in,
+    started = time.monotonic()  # less than the server's socket and its transport (64 kB) hold before pausing
+    lines = health.wait_log(r"dropped the connection of 127\.0\.0\.1:\d+: it read none of its \d+ pending reply "
+                            r"bytes for \d+ s", timeout=IDLE_S + 10)
+    assert lines, health.logs()[-2000:]
+    assert time.monotonic() - started < IDLE_S + 3
+    pending = int(re.search(r"none of its (\d+) pending", lines[0]).group(1))
+    assert 0 < pending < 100 * 400, pending  # (at most what the server wrote)
+    sock.settimeout(5)
+    end = time.monotonic() + 5
+    try:  # and the socket was closed: the client reads what its buffer holds, then the end
+        while sock.recv(1 << 16) and time.monotonic() < end:
+            pass
+    except (ConnectionError, ssl.SSLError, OSError):
+        pass
+    assert time.monotonic() < end
     sock.close()
     health.check()
 
