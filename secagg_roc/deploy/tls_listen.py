@@ -94,6 +94,7 @@ class _Upgrade(asyncio.Protocol):
         self.handler: Any = None
         self.conn: Connection | None = None
         self.lost = False
+        self.writing_paused = False  # (the TLS layer's flow control, passed on to the handler)
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -130,6 +131,8 @@ class _Upgrade(asyncio.Protocol):
         self.conn = self.site.connections.add(tls, self.transport)
         handler = self.site._runner.server()
         handler.connection_made(tls)
+        if self.writing_paused:
+            handler.pause_writing()
         self.handler = handler
         for data in self.early:
             self.data_received(data)
@@ -147,10 +150,12 @@ class _Upgrade(asyncio.Protocol):
         return self.handler.eof_received() if self.handler is not None else None
 
     def pause_writing(self) -> None:
+        self.writing_paused = True
         if self.handler is not None:
             self.handler.pause_writing()
 
     def resume_writing(self) -> None:
+        self.writing_paused = False
         if self.handler is not None:
             self.handler.resume_writing()
 
