@@ -189,7 +189,7 @@ class PartyConnections:
     def __init__(self, cap: int, log: logging.Logger):
         self.cap = cap
         self.log = log
-        self._known: dict[Any, tuple[str, float]] = {}  # open transport -> (its party, when first seen)
+        self._known: dict[Any, tuple[str, float]] = {}  # open connection -> (its party, when it opened)
 
     def sweep(self, transports: Iterable[Any], now: float | None = None) -> int:
         """Check every open connection's `transports`; abort each party's newest beyond the cap. Returns how many."""
@@ -199,7 +199,9 @@ class PartyConnections:
         for transport in transports:
             if transport is None or transport.is_closing():
                 continue
-            entry = self._known.get(transport) or (_party_of(transport), now)
+            # (when its handshake finished, if the connection says: the first sweep that sees it lumps
+            # together every connection opened in the last second)
+            entry = self._known.get(transport) or (_party_of(transport), getattr(transport, "opened", now))
             known[transport] = entry
             by_party.setdefault(entry[0], []).append(transport)
         dropped = 0
