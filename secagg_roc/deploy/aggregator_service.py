@@ -27,9 +27,12 @@ does, and adds what a deployment needs around it:
   plus a second per MB, or the client gets 408 and is dropped (`request_bodies`;
   a client that hangs up mid-body is one warning line, and nothing of it is applied);
   a connection idle without a request head, or not reading its replies (or slower
-  than 1 MB/s), is closed after ``round_timeout_s`` (5 to 60 s), a party's connections beyond
+  than 1 MB/s; the replies the kernel holds for it count), is closed after
+  ``round_timeout_s`` (5 to 60 s), one making no progress at all 2 s after that
+  whatever aiohttp's state, a party's connections beyond
   ``max(64, 4 * max_open_rounds)`` are closed, and malformed HTTP is one warning
-  line (`connection_guard`); a TLS handshake not finished within
+  line (`connection_guard`, over the listener's own list of connections:
+  `tls_connections`); a TLS handshake or close not finished within
   ``handshake_timeout_s`` (5 s) is dropped, and so is a connection from an address
   that has ``max_handshakes_per_address`` (32) unfinished already (`tls_listen`);
 - a round closed at several aggregators is first reserved at each in turn
@@ -65,8 +68,8 @@ from .aggregator_http import error_middleware, frames, reply, send_reply
 from .aggregator_state import ABANDON_FACTOR, RETAIN_RELEASED, AggregatorState, Applied, parse_refusal
 from .compaction import Compactor
 from .long_polls import MAX_WAIT_S, LongPolls
-from .connection_guard import (HttpLog, PartyConnections, StalledWrites, connections_per_party, idle_timeout_s,
-                               log_text)
+from .connection_guard import (HttpLog, IdleConnections, PartyConnections, StalledWrites, connections_per_party,
+                               idle_timeout_s, log_text)
 from .config_read import load_study
 from .config_schema import StudyConfig
 from .http_protocol import (
@@ -86,6 +89,7 @@ from .site_presence import SitePresence
 from .store import Store
 from .tls import AuthError, authorize, peer_identity, server_ssl_context
 from .tls_errors import log_failed_handshakes
+from .tls_connections import Connections
 from .tls_listen import GuardedTLSSite
 
 __all__ = ["AggregatorState", "AggregatorService", "run_aggregator", "MAX_WAIT_S", "ABANDON_FACTOR", "RETAIN_RELEASED"]
@@ -121,6 +125,7 @@ class AggregatorService:
         self._db = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="db")
         self._runner: web.AppRunner | None = None
         self._janitor: asyncio.Task | None = None
+        self._connections = Connections()  # every TLS connection, until its socket closes (`tls_connections`)
         self._stopping = False
         self.revocations = RevocationList(config.ca_crl, config.ca_cert)
         self.presence = SitePresence(self.state.sites, log)
@@ -143,7 +148,8 @@ class AggregatorService:
             await asyncio.get_running_loop().run_in_executor(self._db, self.open_store)
         ssl_ctx = server_ssl_context(self.config.ca_cert, self.agg_config.cert, self.agg_config.key)
         log_failed_handshakes(ssl_ctx, log)
-        app = web.Application(client_max_size=self.config.max_body_bytes, middlewares=[error_middleware(log)])
+        app = web.Application(client_max_size=self.config.max_body_bytes,
+                              middlewares=[self._connections.middleware(), error_middleware(log)])
         app.router.add_post("/v1/message", self._message)
         app.router.add_post("/v1/status", self._status)
         app.router.add_post("/v1/release", self._release)
@@ -155,6 +161,7 @@ class AggregatorService:
         add_reserve_routes(self, app)  # the analyst's held places (under every other scheme)
         idle = idle_timeout_s(self.config.round_timeout_s)
         self._stalled = StalledWrites(idle, log)
+        self._idle = IdleConnections(idle, log)
         self._crowds = PartyConnections(connections_per_party(self.config.max_open_rounds), log)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False, keepalive_timeout=idle,
                                      logger=HttpLog(logging.getLogger("aiohttp.server"), {}), shutdown_timeout=2.0)
@@ -162,7 +169,8 @@ class AggregatorService:
         host, port = self.agg_config.listen
         site = GuardedTLSSite(self._runner, host, port, ssl_context=ssl_ctx, backlog=256, log=log,
                               handshake_timeout_s=self.config.handshake_timeout_s,
-                              max_handshakes_per_address=self.config.max_handshakes_per_address)
+                              max_handshakes_per_address=self.config.max_handshakes_per_address,
+                              connections=self._connections)
         try:
             await site.start()
         except OSError as exc:
@@ -233,10 +241,10 @@ class AggregatorService:
         while not self._stopping:
             await asyncio.sleep(period)
             try:
-                if self._runner is not None and self._runner.server is not None:  # (`connection_guard`)
-                    transports = [h.transport for h in self._runner.server.connections]
-                    self._stalled.sweep(transports)
-                    self._crowds.sweep(transports)
+                conns = list(self._connections)  # (`connection_guard`; aiohttp's own list misses some)
+                self._stalled.sweep(conns)
+                self._idle.sweep(conns)
+                self._crowds.sweep(conns)
                 await expire_reservations(self)  # places held past the round timeout are given back
                 for number in self.state.expired(time.time(), timeout):
                     query, answered = self.state.core.round(self.state.numbers[number].key).query.name, len(

@@ -13,7 +13,15 @@ with a valid certificate is still not trusted to behave, so:
   the handler writing to it, for ever; and so is one that reads, but slower than
   a MB a second (replies pending for longer than `idle_timeout_s` plus a second
   per MB of the most that was pending: the rule request bodies follow), which
-  would hold its replies' memory as long as it liked;
+  would hold its replies' memory as long as it liked. The replies counted are
+  all the client has not taken: those the kernel holds for it too
+  (`tls_connections`): a client that stops sending before the server's buffers
+  fill has every reply answered and handed to the kernel, and nothing looked
+  pending;
+- a connection with no request in progress, no reply byte pending and no byte
+  received for `idle_timeout_s` plus `IDLE_GRACE_S` is dropped
+  (`IdleConnections`): the backstop behind aiohttp's keep-alive timer, which
+  judges by the state of its handler, for a connection that timer left open;
 - a party that holds more than `connections_per_party` connections at once has
   its newest ones closed (`PartyConnections`): one certificate must not use up
   the descriptors every other party needs to connect;
@@ -26,7 +34,11 @@ with a valid certificate is still not trusted to behave, so:
   an error with a traceback: it is the client's fault, not a bug here.
 
 Long polls (at most 30 s) and request bodies (`request_bodies`) have their own
-deadlines; a request in progress is never "idle".
+deadlines; a request in progress is never "idle". The sweeps judge the
+listener's list of connections (`tls_connections.Connections`), which keeps a
+connection from its handshake until its socket is closed: aiohttp's own list
+forgot it as soon as its handler closed it, while its TLS close could hold the
+socket for a while.
 """
 
 from __future__ import annotations
@@ -41,8 +53,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .tls import AuthError, peer_identity
 
-__all__ = ["idle_timeout_s", "connections_per_party", "READ_BYTES_PER_S", "HttpLog", "StalledWrites", "PartyConnections",
-           "log_text"]
+__all__ = ["idle_timeout_s", "connections_per_party", "READ_BYTES_PER_S", "IDLE_GRACE_S", "HttpLog", "StalledWrites",
+           "IdleConnections", "PartyConnections", "log_text"]
 
 # Control characters, line and paragraph separators, bidi embeddings, overrides and isolates.
 _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
@@ -132,13 +144,52 @@ class StalledWrites:
         return dropped
 
 
+#: How much longer than `idle_timeout_s` a connection gets before `IdleConnections` closes it: aiohttp's
+#: keep-alive timer closes an idle one at `idle_timeout_s` already (gently, with a TLS close); this is the
+#: backstop for a connection that timer left open, whatever the state of aiohttp's handler.
+IDLE_GRACE_S = 2.0
+
+
+class IdleConnections:
+    """Abort connections that made no progress at all for `limit` plus `IDLE_GRACE_S` seconds: no request
+    in progress, no reply byte waiting, no byte received (run by an Aggregator)."""
+
+    def __init__(self, limit: float, log: logging.Logger):
+        self.limit = limit + IDLE_GRACE_S
+        self.log = log
+        self._seen: dict[Any, tuple[int, float]] = {}  # connection -> (bytes received, since when no progress)
+
+    def sweep(self, connections: Iterable[Any], now: float | None = None) -> int:
+        """Check every open connection (`tls_connections.Connection`); abort the idle ones. Returns how many."""
+        now = time.monotonic() if now is None else now
+        seen: dict[Any, tuple[int, float]] = {}
+        dropped = 0
+        for conn in connections:
+            if conn.is_closing():
+                continue
+            before = self._seen.get(conn)
+            busy = conn.requests > 0 or conn.get_write_buffer_size() > 0  # (a long poll is a request in progress)
+            since = now if before is None or busy or conn.received != before[0] else before[1]
+            if now - since >= self.limit:
+                peer = conn.get_extra_info("peername")
+                who = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "a client"
+                self.log.warning("dropped the connection of %s: no request, no reply and no byte received for "
+                                 "%.0f s", who, now - since)
+                conn.abort()
+                dropped += 1
+                continue
+            seen[conn] = (conn.received, since)
+        self._seen = seen  # closed connections are forgotten: the dict stays bounded
+        return dropped
+
+
 class PartyConnections:
     """Close the newest connections of any party holding more than `cap` at once (run by an Aggregator)."""
 
     def __init__(self, cap: int, log: logging.Logger):
         self.cap = cap
         self.log = log
-        self._known: dict[Any, tuple[str, float]] = {}  # open transport -> (its party, when first seen)
+        self._known: dict[Any, tuple[str, float]] = {}  # open connection -> (its party, when it opened)
 
     def sweep(self, transports: Iterable[Any], now: float | None = None) -> int:
         """Check every open connection's `transports`; abort each party's newest beyond the cap. Returns how many."""
@@ -148,7 +199,9 @@ class PartyConnections:
         for transport in transports:
             if transport is None or transport.is_closing():
                 continue
-            entry = self._known.get(transport) or (_party_of(transport), now)
+            # (when its handshake finished, if the connection says: the first sweep that sees it lumps
+            # together every connection opened in the last second)
+            entry = self._known.get(transport) or (_party_of(transport), getattr(transport, "opened", now))
             known[transport] = entry
             by_party.setdefault(entry[0], []).append(transport)
         dropped = 0

@@ -14,10 +14,13 @@ listens on plain TCP instead and upgrades each connection itself
   connection whose handshake has not finished by then is dropped;
 - a cap of ``max_handshakes_per_address`` (default 32) handshakes unfinished
   at once from one peer address: a further connection from it is dropped at
-  once, before a byte of TLS is read, with one warning a minute per address.
+  once, before a byte of TLS is read, with one warning a minute per address;
+- the same timeout for the TLS close: a client that does not answer the
+  server's close_notify is dropped then (asyncio's default was 30 s).
 
-A finished handshake hands the connection to the aiohttp server, exactly as
-`TCPSite` would (the certificate and everything after it are checked there).
+A finished handshake hands the connection to the aiohttp server, as `TCPSite`
+would (the certificate and everything after it are checked there), and lists
+it in `connections` (`tls_connections`) until its socket is closed.
 Honest parties finish a handshake in milliseconds, and their connections are
 kept alive, so neither bound is felt by them; several sites behind one NAT
 share the per-address cap.
@@ -32,6 +35,8 @@ import time
 from typing import Any
 
 from aiohttp import web
+
+from .tls_connections import Connection, Connections
 
 __all__ = ["GuardedTLSSite", "Handshakes"]
 
@@ -75,7 +80,11 @@ class Handshakes:
 
 
 class _Upgrade(asyncio.Protocol):
-    """One accepted TCP connection until its TLS handshake finished; then the aiohttp server's."""
+    """One accepted TCP connection: its TLS handshake, then a relay to the aiohttp server's handler.
+
+    It stays the TLS layer's protocol (rather than handing over with `set_protocol`) so that the site
+    hears of every byte received and of the socket's close: the connection is listed (`tls_connections`)
+    from its handshake until its socket is closed, whatever aiohttp's handler did with it."""
 
     def __init__(self, site: "GuardedTLSSite"):
         self.site = site
@@ -83,7 +92,9 @@ class _Upgrade(asyncio.Protocol):
         self.address = "?"
         self.early: list[bytes] = []  # application data that arrived before the handler was attached
         self.handler: Any = None
+        self.conn: Connection | None = None
         self.lost = False
+        self.writing_paused = False  # (the TLS layer's flow control, passed on to the handler)
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -98,8 +109,10 @@ class _Upgrade(asyncio.Protocol):
     async def _upgrade(self) -> None:
         loop = asyncio.get_running_loop()
         try:
+            # (the TLS close is bounded like the handshake: a client that does not answer our close_notify
+            # held the socket for asyncio's default of 30 s)
             tls = await loop.start_tls(self.transport, self, self.site.tls, server_side=True,
-                                       ssl_handshake_timeout=self.site.timeout)
+                                       ssl_handshake_timeout=self.site.timeout, ssl_shutdown_timeout=self.site.timeout)
         except asyncio.CancelledError:  # the service is stopping
             self.transport.abort()
             raise
@@ -115,16 +128,20 @@ class _Upgrade(asyncio.Protocol):
                 self.site.upgrading.discard(task)
         if tls is None or self.lost or tls.is_closing():
             return
+        self.conn = self.site.connections.add(tls, self.transport)
         handler = self.site._runner.server()
-        tls.set_protocol(handler)
         handler.connection_made(tls)
+        if self.writing_paused:
+            handler.pause_writing()
         self.handler = handler
         for data in self.early:
-            handler.data_received(data)
+            self.data_received(data)
         self.early.clear()
 
     def data_received(self, data: bytes) -> None:
         if self.handler is not None:
+            assert self.conn is not None
+            self.conn.received += len(data)
             self.handler.data_received(data)
         else:
             self.early.append(data)
@@ -132,8 +149,20 @@ class _Upgrade(asyncio.Protocol):
     def eof_received(self) -> bool | None:
         return self.handler.eof_received() if self.handler is not None else None
 
+    def pause_writing(self) -> None:
+        self.writing_paused = True
+        if self.handler is not None:
+            self.handler.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.writing_paused = False
+        if self.handler is not None:
+            self.handler.resume_writing()
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
+        if self.conn is not None:
+            self.site.connections.remove(self.conn)
         if self.handler is not None:
             self.handler.connection_lost(exc)
 
@@ -143,12 +172,14 @@ class GuardedTLSSite(web.TCPSite):
 
     def __init__(self, runner: web.BaseRunner, host: str, port: int, *, ssl_context: ssl.SSLContext,
                  handshake_timeout_s: float, max_handshakes_per_address: int, log: logging.Logger,
-                 backlog: int = 128):
+                 backlog: int = 128, connections: Connections | None = None):
         super().__init__(runner, host, port, backlog=backlog)  # plain TCP: TLS is started per connection
         self.tls = ssl_context
         self.timeout = handshake_timeout_s
         self.handshakes = Handshakes(max_handshakes_per_address, log)
         self.upgrading: set[asyncio.Future] = set()
+        #: Every connection whose handshake finished, until its socket is closed (judged by `connection_guard`).
+        self.connections = connections if connections is not None else Connections()
 
     @property
     def name(self) -> str:
