@@ -234,3 +234,22 @@ def test_the_analyst_gives_back_its_places_when_a_later_aggregator_refuses(tmp_p
 
 async def _post_raw(client, message) -> None:
     client._check(await client.request("POST", "/v1/reserve", message.to_buffers()), "/v1/reserve")
+
+
+def test_two_analyst_clients_expecting_one_round_number_both_open_their_runs(tmp_path) -> None:
+    """Another analyst client's join took number N at agg-1 and is on its way to agg-2, while this client also
+    expects N. Opened at both aggregators at once, this client's join took N at agg-2, so the other's was
+    refused there; and this client's retry under N + 1 was refused at agg-2 too ("started before": agg-2 held
+    its join at N), so both runs were lost. Opened at agg-1 first (`round_open`), it is refused there alone,
+    retries under N + 1 and finishes; the other's join then opens at agg-2 under N."""
+    import secagg_roc as sr
+
+    with _cluster(tmp_path).start() as cl:
+        number = max(call_as(cl, "analyst", j, lambda c: c.info())["next_number"] for j in (0, 1))
+        other = join_query(cl.config, number, "other-run", "brier", {"label": "y", "score": "score"})
+        call_as(cl, "analyst", 0, lambda c: c.send(other))  # the other client's join, at agg-1 only so far
+        with cl.study() as study:
+            study._next_number = number  # this client asked for the next number before the other's join was sent
+            result = sr.brier_score(study, "y", "score")
+        assert 0.0 <= float(result) <= 1.0 and result.n_records == 48
+        call_as(cl, "analyst", 1, lambda c: c.send(other))  # agg-2 still has N for it (a refusal would raise)

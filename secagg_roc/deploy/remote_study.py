@@ -62,6 +62,7 @@ from ..queries.run import JOIN
 from ..study import Study, Totals
 from .close_order import reserve_then_close
 from .quorum import gather_quorum
+from .round_open import open_in_turn
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient, retry
@@ -320,7 +321,7 @@ class RemoteStudy(Study):
                 return statuses, refusals
 
     async def _open(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None, deadline: float) -> Query:
-        """Open a round under the next free number at every aggregator.
+        """Open a round under the next free number at every aggregator (the first alone first: `round_open`).
 
         Another analyst client (or an earlier one) may have used the number
         this client expected: then it asks the aggregators again and retries
@@ -329,7 +330,12 @@ class RemoteStudy(Study):
         for attempt in range(3):
             query = await self._query(name, params, frac_bits)
             try:
-                await self._all(lambda c: c.send(query), deadline, f"open {query.round_id}")
+                if self.scheme.threshold < len(self.clients):  # goes on without one that is down (`round_open`)
+                    await self._all(lambda c: c.send(query), deadline, f"open {query.round_id}")
+                else:  # another client expecting this number is refused at the first before it reaches the rest
+                    await open_in_turn(self.clients, lambda c: c.send(query),
+                                       asyncio.get_running_loop().time() + (deadline - time.monotonic()),
+                                       f"open {query.round_id}")
                 return query
             except RoundError as exc:
                 if "already used" not in str(exc) or attempt == 2:
