@@ -119,7 +119,10 @@ def read_reply(sock: ssl.SSLSocket, timeout: float = 10.0) -> tuple[int | None, 
 def exchange(cl: LocalCluster, party: str, data: bytes, j: int = 0, timeout: float = 10.0) -> tuple[int | None, bytes]:
     """Send `data` as `party` and read the first response."""
     with tls(cl, party, j, timeout) as sock:
-        sock.sendall(data)
+        try:
+            sock.sendall(data)
+        except (ConnectionError, ssl.SSLError, OSError):
+            pass  # the server answered and closed before it took all of `data` (a header too long): read what came
         return read_reply(sock, timeout)
 
 
@@ -234,7 +237,11 @@ def test_malformed_http_gets_a_400_and_one_log_line_without_a_traceback(cluster)
     health = Health(cluster)
     for what, data in MALFORMED_HTTP:
         status, body = exchange(cluster, "site-b", data)
-        assert status is not None and 400 <= status < 500, (what, status, body[:200])
+        # A request of 100 kB is refused once its first 8 kB are read: the server's 400 and close can overtake the
+        # rest of it, and the client's send then fails before it reads the reply (once in a CI run). The log lines
+        # below still count its refusal.
+        cut_short = status is None and len(data) > 65_536
+        assert cut_short or status is not None and 400 <= status < 500, (what, status, body[:200])
     assert health.wait_log(r"malformed HTTP request from 127\.0\.0\.1 refused \(400 \w+\): \S", 9)
     health.check()
 
