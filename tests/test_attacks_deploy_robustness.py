@@ -504,50 +504,6 @@ def test_a_sites_refusal_text_cannot_forge_or_flood_aggregator_log_lines(cluster
     health.check()
 
 
-class _Transport:
-    """Stands in for an asyncio transport in the unit tests of `StalledWrites`: a write buffer that a test
-    drains or fills by hand (a real one cannot be made to hold an exact number of bytes at an exact time)."""
-
-    def __init__(self, pending: int):
-        self.pending, self.aborted = pending, False
-
-    def get_write_buffer_size(self) -> int:
-        return self.pending
-
-    def is_closing(self) -> bool:
-        return self.aborted
-
-    def get_extra_info(self, key: str) -> Any:
-        return ("127.0.0.1", 4242) if key == "peername" else None
-
-    def abort(self) -> None:
-        self.aborted = True
-
-
-def test_replies_read_too_slowly_or_not_at_all_are_dropped_and_fast_ones_kept() -> None:
-    """Slow read: one reply of 8 MB read at 20 kB a second made progress at every sweep, so it was never
-    stalled, and held its 8 MB for almost seven minutes. It gets `limit` plus a second per MB now."""
-    import logging
-
-    from secagg_roc.deploy.connection_guard import READ_BYTES_PER_S, StalledWrites
-
-    guard = StalledWrites(5.0, logging.getLogger("test"))
-    slow, stuck, fast, done = _Transport(8 << 20), _Transport(1000), _Transport(8 << 20), _Transport(500)
-    conns = [slow, stuck, fast, done]
-    allowed = 5.0 + (8 << 20) / READ_BYTES_PER_S
-    t = 0.0
-    while t < 400 and not slow.aborted:
-        guard.sweep(conns, now=t)
-        slow.pending = max(1, slow.pending - 20_000)  # progress at every sweep, at 20 kB/s
-        fast.pending = max(0, fast.pending - (4 << 20))  # 4 MB/s: done in two seconds
-        done.pending = 0
-        t += 1.0
-    assert slow.aborted and allowed <= t <= allowed + 2.0, t
-    assert stuck.aborted  # no progress at all: dropped after 5 s
-    assert not fast.aborted and not done.aborted
-    assert guard.sweep([]) == 0 and not guard._waiting  # closed or drained connections are forgotten
-
-
 def rss_bytes(cl: LocalCluster, name: str) -> int:
     """The resident memory of party `name`'s process."""
     status = open(f"/proc/{cl.procs[name].pid}/status").read()

@@ -10,7 +10,7 @@ import socket
 import sys
 from typing import Any
 
-from secagg_roc.deploy.connection_guard import IDLE_GRACE_S, IdleConnections
+from secagg_roc.deploy.connection_guard import IDLE_GRACE_S, READ_BYTES_PER_S, IdleConnections, StalledWrites
 from secagg_roc.deploy.tls_connections import kernel_unsent
 
 
@@ -85,3 +85,24 @@ def test_reply_bytes_held_by_the_kernel_for_a_peer_that_does_not_read_are_counte
         for s in (conn, peer, server):
             s.close()
     assert kernel_unsent(conn) == 0 and kernel_unsent(None) == 0  # a closed socket, or none: nothing
+
+
+def test_replies_read_too_slowly_or_not_at_all_are_dropped_and_fast_ones_kept() -> None:
+    """Slow read: one reply of 8 MB read at 20 kB a second made progress at every sweep, so it was never
+    stalled, and held its 8 MB for almost seven minutes. It gets `limit` plus a second per MB now."""
+    guard = StalledWrites(5.0, logging.getLogger("test"))
+    slow, stuck, fast, done = _Connection(), _Connection(), _Connection(), _Connection()
+    slow.pending, stuck.pending, fast.pending, done.pending = 8 << 20, 1000, 8 << 20, 500
+    conns = [slow, stuck, fast, done]
+    allowed = 5.0 + (8 << 20) / READ_BYTES_PER_S
+    t = 0.0
+    while t < 400 and not slow.aborted:
+        guard.sweep(conns, now=t)
+        slow.pending = max(1, slow.pending - 20_000)  # progress at every sweep, at 20 kB/s
+        fast.pending = max(0, fast.pending - (4 << 20))  # 4 MB/s: done in two seconds
+        done.pending = 0
+        t += 1.0
+    assert slow.aborted and allowed <= t <= allowed + 2.0, t
+    assert stuck.aborted  # no progress at all: dropped after 5 s
+    assert not fast.aborted and not done.aborted
+    assert guard.sweep([]) == 0 and not guard._waiting  # closed or drained connections are forgotten
