@@ -179,3 +179,32 @@ def test_a_shamir_deployment_goes_on_without_an_aggregator_that_is_down(shamir) 
             proc = shamir.procs.get(name)
             if proc is None or proc.poll() is not None:
                 shamir.start_party(name)
+
+
+@pytest.mark.parametrize("down", [None, "agg-1"])
+def test_two_analyst_clients_expecting_one_round_number_both_run_under_a_threshold_scheme(shamir, down) -> None:
+    """2-of-3, every aggregator up or the first one down: another client's join took number N at the first live
+    aggregator and is on its way to the rest, while this client also expects N. Opened at every live aggregator
+    at once, this client took N at the others and both runs were lost; opened at the first live one alone first
+    (`round_open.open_first_live`), this client is refused there alone, retries under N + 1 and finishes, and
+    the other's join still opens under N everywhere."""
+    from deploy_client import join_query
+    from secagg_roc.deploy.remote_study import RemoteStudy
+
+    live = [j for j in range(3) if f"agg-{j + 1}" != down]
+    try:
+        if down:
+            shamir.kill(down)
+        number = max(call_as(shamir, "analyst", j, lambda c: c.info())["next_number"] for j in live)
+        other = join_query(shamir.config, number, f"other-{down}", "brier", {"label": "y", "score": "score"})
+        call_as(shamir, "analyst", live[0], lambda c: c.send(other))  # at the first live aggregator only so far
+        with RemoteStudy(shamir.config, round_timeout_s=20.0, poll_wait=2.0) as study:
+            study._next_number = number  # asked for the next number before the other's join was sent
+            brier = sr.brier_score(study, "y", "score")
+            assert [n for _, n, _, _ in study.history][0] > number
+        assert float(brier) == float(sr.brier_score(embedded(shamir), "y", "score"))
+        for j in live[1:]:  # the others still hold N for it (a refusal would raise)
+            call_as(shamir, "analyst", j, lambda c: c.send(other))
+    finally:
+        if down and shamir.procs[down].poll() is not None:
+            shamir.start_party(down)

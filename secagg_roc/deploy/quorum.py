@@ -8,7 +8,7 @@ those that kept failing, are reported as absent. An error reply (a refusal)
 is raised as soon as so many aggregators refused that `need` can no longer
 answer (or, at the end, when fewer than `need` answered); from fewer, it
 counts as that aggregator's absence, so one lying aggregator cannot end a
-round the others carry. Run by the Analyst (`RemoteStudy`) and by each Site
+round the others carry. `call_every` picks `gather_quorum` or a plain gather by the scheme. Run by the Analyst (`RemoteStudy`) and by each Site
 (fetching a release).
 """
 
@@ -18,7 +18,7 @@ import asyncio
 from typing import Awaitable, Callable, Sequence, TypeVar
 
 from ..errors import RoundError
-from .http import retry
+from .http import AggregatorClient, retry
 from .http_protocol import TransportError
 
 T = TypeVar("T")
@@ -29,9 +29,10 @@ class TooFewAggregators(RoundError):
 
 
 async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]], *, need: int, deadline: float,
-                        grace: float, what: str) -> tuple[dict[int, T], set[int]]:
+                        grace: float, what: str, have: int = 0) -> tuple[dict[int, T], set[int]]:
     """Run `calls` (aggregator index, call) at once; (index -> result, absent indices), with at least `need`
-    results, or `RoundError` naming the absent aggregators. `deadline` is on the event loop's clock."""
+    results counting `have` answers the caller holds already, or `RoundError` naming the absent aggregators.
+    `deadline` is on the event loop's clock."""
     loop = asyncio.get_running_loop()
     tasks = {asyncio.ensure_future(retry(call, deadline=deadline, what=f"{what} at aggregator {j}")): j
              for j, call in calls}
@@ -57,9 +58,9 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
                     reasons[tasks[task]] = f"refused: {type(exc).__name__}: {exc}"
                 else:
                     results[tasks[task]] = task.result()
-            if refusals and len(absent) > len(tasks) - need:
+            if refusals and len(absent) > len(tasks) + have - need:
                 raise refusals[0]  # no quorum can form any more: the round cannot go on as asked
-            if quorum_at is None and len(results) >= need:
+            if quorum_at is None and len(results) + have >= need:
                 quorum_at = loop.time()
             if quorum_at is not None and loop.time() >= quorum_at + grace:
                 break
@@ -68,10 +69,26 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
             task.cancel()
             absent.add(tasks[task])
             reasons.setdefault(tasks[task], "still silent after the grace")
-    if len(results) < need:
+    if len(results) + have < need:
         if refusals:
             raise refusals[0]  # a refusal names the rule: more use to the caller than "too few answered"
         why = "; ".join(f"aggregator {j}: {reasons[j]}" for j in sorted(reasons))
         raise TooFewAggregators(f"{what}: aggregators {sorted(absent)} do not answer, and the scheme needs "
-                                f"{need} of the {len(tasks)} asked" + (f" ({why})" if why else ""))
+                                f"{need} of the {len(tasks) + have} asked" + (f" ({why})" if why else ""))
     return results, absent
+
+
+async def call_every(clients: Sequence[AggregatorClient], call: Callable[[AggregatorClient], Awaitable[T]], *,
+                     threshold: int, absent: set[int], loop_deadline: float, grace: float,
+                     what: str) -> tuple[list[T], set[int]]:
+    """`call` on every aggregator at once, each retried on transport failures until `loop_deadline`; (the
+    answers in aggregator order, the absent aggregators' indices). A `threshold` below the number of
+    aggregators asks only those not `absent` and goes on `grace` seconds after `threshold` answered."""
+    if threshold < len(clients):
+        live = [(j, c) for j, c in enumerate(clients) if j not in absent]
+        results, more = await gather_quorum([(j, lambda c=c: call(c)) for j, c in live], need=threshold,
+                                            deadline=loop_deadline, grace=grace, what=what)
+        return [results[j] for j in sorted(results)], absent | more
+    answers = await asyncio.gather(*(retry(lambda c=c: call(c), deadline=loop_deadline,
+                                           what=f"{what} at aggregator {c.name!r}") for c in clients))
+    return list(answers), absent

@@ -61,11 +61,11 @@ from ..queries import canonical_params, lookup, query_digest
 from ..queries.run import JOIN
 from ..study import Study, Totals
 from .close_order import reserve_then_close
-from .quorum import gather_quorum
-from .round_open import open_in_turn
+from .quorum import call_every
+from .round_open import NUMBER_TAKEN, open_everywhere
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
-from .http import AggregatorClient, retry
+from .http import AggregatorClient
 from .http_protocol import ServiceError, TransportError, exception_for
 from .site_presence import absent_sites
 from .revocation import RevocationList
@@ -263,18 +263,10 @@ class RemoteStudy(Study):
         `grace` seconds after `threshold` of them answered (`quorum.gather_quorum`); the rest count as
         absent until the next run's join."""
         loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())
-        if self.scheme.threshold < len(self.clients):
-            live = [(j, c) for j, c in enumerate(self.clients) if j not in self._absent]
-            results, absent = await gather_quorum([(j, lambda c=c: call(c)) for j, c in live],
-                                                  need=self.scheme.threshold, deadline=loop_deadline, grace=grace,
-                                                  what=what)
-            self._absent |= absent
-            return [results[j] for j in sorted(results)]
-        return list(
-            await asyncio.gather(
-                *(retry(lambda c=c: call(c), deadline=loop_deadline, what=f"{what} at aggregator {c.name!r}") for c in self.clients)
-            )
-        )
+        results, self._absent = await call_every(self.clients, call, threshold=self.scheme.threshold,
+                                                 absent=self._absent, loop_deadline=loop_deadline, grace=grace,
+                                                 what=what)
+        return results
 
     async def _number(self) -> int:
         """The next analyst number: above every number any aggregator has seen (so never reused)."""
@@ -330,15 +322,13 @@ class RemoteStudy(Study):
         for attempt in range(3):
             query = await self._query(name, params, frac_bits)
             try:
-                if self.scheme.threshold < len(self.clients):  # goes on without one that is down (`round_open`)
-                    await self._all(lambda c: c.send(query), deadline, f"open {query.round_id}")
-                else:  # another client expecting this number is refused at the first before it reaches the rest
-                    await open_in_turn(self.clients, lambda c: c.send(query),
-                                       asyncio.get_running_loop().time() + (deadline - time.monotonic()),
-                                       f"open {query.round_id}")
+                self._absent = await open_everywhere(
+                    self.clients, lambda c: c.send(query), threshold=self.scheme.threshold, absent=self._absent,
+                    loop_deadline=asyncio.get_running_loop().time() + (deadline - time.monotonic()),
+                    grace=QUORUM_GRACE_S, what=f"open {query.round_id}")
                 return query
             except RoundError as exc:
-                if "already used" not in str(exc) or attempt == 2:
+                if NUMBER_TAKEN not in str(exc) or attempt == 2:
                     raise
                 self._next_number = None
         raise AssertionError("unreachable")

@@ -18,9 +18,18 @@ from __future__ import annotations
 import asyncio
 from typing import Awaitable, Callable, Sequence
 
+from ..errors import RoundError
 from .http import AggregatorClient, retry
+from .http_protocol import TransportError
+from .quorum import TooFewAggregators, gather_quorum
 
-__all__ = ["open_in_turn"]
+__all__ = ["NUMBER_TAKEN", "OPEN_REACH_S", "open_everywhere", "open_first_live", "open_in_turn"]
+
+#: How long a threshold scheme's client waits for the first live aggregator to take a round alone.
+OPEN_REACH_S = 5.0
+
+#: The refusal an aggregator gives a round number another round holds: the caller retries under a new one.
+NUMBER_TAKEN = "already used"
 
 
 async def open_in_turn(clients: Sequence[AggregatorClient], send: Callable[[AggregatorClient], Awaitable[object]],
@@ -31,3 +40,53 @@ async def open_in_turn(clients: Sequence[AggregatorClient], send: Callable[[Aggr
     await retry(lambda: send(first), deadline=loop_deadline, what=f"{what} at aggregator {first.name!r}")
     await asyncio.gather(*(retry(lambda c=c: send(c), deadline=loop_deadline, what=f"{what} at aggregator {c.name!r}")
                            for c in rest))
+
+
+async def open_first_live(clients: Sequence[tuple[int, AggregatorClient]],
+                          send: Callable[[AggregatorClient], Awaitable[object]], *, need: int, loop_deadline: float,
+                          reach_s: float, grace: float, what: str) -> set[int]:
+    """Under a threshold scheme: `send` the round to the first of `clients` (index, client; the live ones in the
+    study file's order) that takes it within `reach_s` seconds, alone, then to all the others at once,
+    `need` in all enough. Returns the indices found absent. The number being taken (`NUMBER_TAKEN`) at the
+    first that answers is raised before any other sees the round; other failures there only move on."""
+    loop = asyncio.get_running_loop()
+    absent: set[int] = set()
+    reasons: list[str] = []
+    for j, first in clients:
+        if len(clients) - len(absent) < need:
+            break
+        until = min(loop_deadline, loop.time() + reach_s)
+        try:  # bounded as a whole: a host that drops packets would hold each attempt for the connect timeout
+            await asyncio.wait_for(retry(lambda: send(first), deadline=until, what=f"{what} at aggregator {first.name!r}"),
+                                   max(0.0, until - loop.time()))
+        except asyncio.TimeoutError:
+            absent.add(j)
+            reasons.append(f"{first.name}: silent for {reach_s:g} s")
+            continue
+        except (TransportError, RoundError) as exc:
+            if isinstance(exc, RoundError) and NUMBER_TAKEN in str(exc):
+                raise
+            absent.add(j)
+            reasons.append(f"{first.name}: {exc}")
+            continue
+        # The rest, those that failed to take it alone too (one may be back): a quorum of them is enough.
+        rest = [(i, c) for i, c in clients if i != j]
+        if not rest:
+            return set()
+        _, more = await gather_quorum([(i, lambda c=c: send(c)) for i, c in rest], need=need, have=1,
+                                      deadline=loop_deadline, grace=grace, what=what)
+        return more
+    raise TooFewAggregators(f"{what}: aggregators {sorted(absent)} do not answer, and the scheme needs {need} of "
+                            f"the {len(clients)} asked ({'; '.join(reasons)})")
+
+
+async def open_everywhere(clients: Sequence[AggregatorClient], send: Callable[[AggregatorClient], Awaitable[object]],
+                          *, threshold: int, absent: set[int], loop_deadline: float, grace: float, what: str) -> set[int]:
+    """Open a round at every aggregator, the first (live) one alone first; `threshold` below the number of
+    aggregators goes on without those `absent` or found absent now. Returns the absent aggregators' indices."""
+    if threshold < len(clients):
+        live = [(j, c) for j, c in enumerate(clients) if j not in absent]
+        return absent | await open_first_live(live, send, need=threshold, loop_deadline=loop_deadline,
+                                              reach_s=OPEN_REACH_S, grace=grace, what=what)
+    await open_in_turn(clients, send, loop_deadline, what)
+    return absent
