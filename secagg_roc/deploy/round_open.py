@@ -8,9 +8,13 @@ that step of the run already ("started before", "at step k"). Both runs were los
 
 Opened at the first aggregator alone first, a number goes to one client there; the other is refused before
 it reaches any other aggregator, and retries under a new number. Every client takes the aggregators in the
-study file's order, as closes are reserved in it (`close_order`). A threshold scheme, which goes on without an
-aggregator that is down, opens at every live one at once instead (`RemoteStudy._all`): waiting for one that is
-down would stop every round, so there the race stays possible.
+study file's order, as closes are reserved in it (`close_order`).
+
+A threshold scheme goes on without an aggregator that is down, so waiting for a dead first one must not stop
+every round: `open_first_live` gives each live aggregator in turn `OPEN_REACH_S` seconds to take the round
+alone, then opens at all the others (those that failed to take it alone too), a quorum of them enough. Two
+clients race there only while they disagree on which aggregator is the first live one (one that fails for one
+client and not for the other), not whenever they expect the same number.
 """
 
 from __future__ import annotations
