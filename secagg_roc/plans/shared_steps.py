@@ -22,6 +22,7 @@ answers to them are computed from its own records, by itself.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ _IGNORE_ALL = ("ignore", None, Warning, None, 0)
 KEEP_TREES = 64
 #: Children a node keeps (honest sites of one run all take one; more means sites were fed differently).
 KEEP_CHILDREN = 8
+#: Held while a tree is read or grown: sites in threads of one process (a generator runs in one at a time).
+_LOCK = threading.RLock()
 
 
 @dataclass(eq=False)
@@ -116,6 +119,10 @@ class SharedSteps:
         info = ctx.run
         key = (plan.name, params_json(args), ctx.policy.digest(), ctx.n_sites, ctx.party == "analyst",
                info.run, info.analysis, params_json(info.args), info.contributors, info.records)
+        with _LOCK:
+            return self._root(key, make)
+
+    def _root(self, key: Hashable, make: Callable[[], Rounds]) -> Node:
         node = self._trees.get(key)
         if node is None:
             rounds = make()
@@ -144,8 +151,15 @@ class PlanCopy:
     def feed(self, release: Any) -> Node:
         """The node after `release` (this site's own combined release): shared if another site of the process
         was fed the same content, else computed here, by the generator at the node or this copy's own."""
-        node = self.node
         key = release_key(release)
+        with _LOCK:
+            child = self._child(key, release)
+        self._fed.append(release)
+        self.node = child
+        return child
+
+    def _child(self, key: Hashable | None, release: Any) -> Node:
+        node = self.node
         child = node.children.get(key) if key is not None else None
         if child is None:
             rounds, node.rounds = node.rounds, None
@@ -155,8 +169,6 @@ class PlanCopy:
             child = Node(step, ended, rounds if ended is None else None)
             if key is not None and len(node.children) < KEEP_CHILDREN:
                 node.children[key] = child
-        self._fed.append(release)
-        self.node = child
         return child
 
     def _replayed(self) -> Rounds:
