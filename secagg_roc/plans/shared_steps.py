@@ -36,8 +36,10 @@ from .base import Plan, PlanContext, Rounds, Step
 
 #: The filter `warnings.simplefilter("ignore")` puts first.
 _IGNORE_ALL = ("ignore", None, Warning, None, 0)
-#: Runs whose trees a process keeps (the oldest is forgotten; a site then replays its own generator).
-KEEP_TREES = 64
+#: Runs whose trees a process keeps. The sites of a run find its tree at the join's release, which reaches
+#: them all in one round: a few trees suffice (a forgotten tree's nodes live on with the sites walking them),
+#: and more would hold the releases and generators of runs long over (64 doubled a simulation's GC time).
+KEEP_TREES = 4
 #: Children a node keeps (honest sites of one run all take one; more means sites were fed differently).
 KEEP_CHILDREN = 8
 #: Held while a tree is read or grown: sites in threads of one process (a generator runs in one at a time).
