@@ -34,18 +34,19 @@ from typing import Callable, Mapping
 import numpy as np
 
 from .aggregator import NOT_COUNTED
-from .analyst import combine, combine_forwarded
 from .buffers import BufferPool, RecyclingPool
 from .errors import EncodingError, MessageError, PolicyError
 from .ledger import Ledger, LedgerEntry
 from .layout import flatten
 from .messages import AggregateShare, ForwardedShares, InputShare, Query
 from .plans import RunInfo, SiteRuns, Step, same_step
+from .plans.base import derived
 from .policy import Policy
 from .queries import SiteData, lookup, message_digest, quantity_digest, run_site_query
 from .queries.run import JOIN
 from .ring import FixedPoint
 from .sharing import SharingScheme
+from .shared_releases import combined
 from .site_releases import NoisyReleases
 from .site_sets import same_sites, site_set
 
@@ -192,9 +193,15 @@ class Site(NoisyReleases):
             )
         info, step = self.runs.expect(params)
         self.runs.check_query(run, query.name, self.data)  # a declared query the whitelist allows, before the step
-        asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
-        # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
-        problem = same_step(step, query.name, asked, query.frac_bits, canonical=True)
+
+        def compare() -> str | None:
+            asked = {k: v for k, v in params.items() if k not in ("run", "step", "contributors")}
+            # The digest check above parsed these parameters and found them canonical (plain JSON, finite).
+            return same_step(step, query.name, asked, query.frac_bits, canonical=True)
+
+        # The verdict is a function of the plan's step and the query's text alone, which the query digest
+        # binds (checked above): the sites of one process sharing the step compare a text once.
+        problem = derived(step, ("same_step", query.round_id.query), compare)
         if problem is not None:
             raise PolicyError(
                 f"site {self.name!r}: round {number} of run {run!r} ({info.analysis}) does not follow the "
@@ -269,7 +276,8 @@ class Site(NoisyReleases):
         if replay:  # the ledger holds this round's entry already: it was persisted before the shares were sent
             entries: list[LedgerEntry] = []
         else:
-            quantity = quantity_digest(self.study, step.query, step.params, step.frac_bits, canonical=True)
+            quantity = derived(step, ("quantity", self.study), lambda: quantity_digest(
+                self.study, step.query, step.params, step.frac_bits, canonical=True))
             entries = [self.ledger.exact_entry(quantity, info.run, number, info.contributors, info.records,
                                                self.data_digest)]
         spec = lookup(step.query)
@@ -343,7 +351,9 @@ class Site(NoisyReleases):
         """Take a round's release from the aggregators' shares into this site's copy of the run.
 
         Run by the Site: it combines the shares itself (it learns the same total
-        the analyst does), so the analyst cannot feed it a forged one.
+        the analyst does), so the analyst cannot feed it a forged one (another
+        site of this process handed the very same share objects may have
+        combined them already: `shared_releases`).
         """
         if not shares:
             return
@@ -352,12 +362,12 @@ class Site(NoisyReleases):
         rid = answered.query.round_id if answered is not None else None
         if answered is None or any(s.round_id is not rid and s.round_id != rid for s in shares):
             raise MessageError(f"site {self.name!r}: a release for round {number}, which this site did not answer")
+        # Combined by this site, or by another site of this process handed the very same share objects.
+        release = combined(shares, self.scheme)
         if isinstance(shares[0], ForwardedShares):
-            release = combine_forwarded(shares, self.scheme)  # type: ignore[arg-type]
             contributors = tuple(shares[0].contributors)
             records = shares[0].records
         else:
-            release = combine(shares, self.scheme)  # type: ignore[arg-type]
             contributors, records = release.contributors, release.records
         if answered.step == 0:
             self.runs.on_join_release(answered.run, contributors, records)

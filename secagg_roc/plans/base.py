@@ -55,6 +55,9 @@ class Step:
     params: dict[str, Any]
     frac_bits: int = 32
     context: Mapping[str, Any] = field(default_factory=dict)
+    #: Values each checking party derives from this step alone (its quantity digest, its verdict on a
+    #: query text): a step is shared by the sites of one process (`shared_steps`), so each is derived once.
+    derived: dict[Any, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "params", canonical_params(self.params))
@@ -246,6 +249,23 @@ def _finite_plain(values: list, kinds: set) -> bool:
     if kinds <= _NUMBERS:
         return all(map(math.isfinite, values))
     return all(math.isfinite(v) for v in values if type(v) is float)
+
+
+#: Derived values a step keeps (a step is asked in one round or a few, by one query text each).
+KEEP_DERIVED = 16
+
+
+def derived(step: Step, key: Any, compute: Callable[[], Any]) -> Any:
+    """`compute()`, a pure function of `step` and `key` alone, kept on the step: the sites of one process
+    that share the step (`shared_steps`) derive it once. Never a value that depends on a party's data."""
+    memo = step.derived
+    try:
+        return memo[key]
+    except KeyError:
+        value = compute()
+        if len(memo) < KEEP_DERIVED:
+            memo[key] = value
+        return value
 
 
 def same_step(step: Step, name: str, params: Mapping[str, Any], frac_bits: int, *,

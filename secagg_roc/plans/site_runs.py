@@ -15,17 +15,19 @@ starts its copy of the plan; each later release moves that copy one step on.
 A round is answered only if it asks for a query the run declared, which the
 whitelist allows (`check_query`), and is the next step: same query, same
 public parameters (floats within `base.REL_TOL`), same precision, same run,
-next step number; the site then computes with its own parameters.
+next step number; the site then computes with its own parameters. The
+steps themselves are computed once per process for the sites fed releases
+of the same content (`shared_steps`): the embedded study's sites drive one
+tree of steps instead of five generators.
 """
 
 from __future__ import annotations
 
-import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..errors import PolicyError, SecAggError, SiteQueryError
+from ..errors import PolicyError, SiteQueryError
 from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
@@ -35,9 +37,8 @@ from ..queries.groups import label_problems
 from ..queries.run import run_step
 from ..site_sets import site_set
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
+from .shared_steps import SHARED, Node, PlanCopy, SharedSteps
 
-#: The filter `warnings.simplefilter("ignore")` puts first.
-_IGNORE_ALL = ("ignore", None, Warning, None, 0)
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
 MAX_OPEN_RUNS = 64
 #: Finished run ids a site remembers (so a long study's state stays bounded).
@@ -49,7 +50,7 @@ class _Run:
     plan: Plan
     args: dict[str, Any]
     info: RunInfo | None = None
-    rounds: Rounds | None = None
+    rounds: PlanCopy | None = None  # the site's copy of the plan, once the join was released
     step: Step | None = None  # the next step, once joined
     number: int = 0  # its step number
     ended: str | None = None  # why the run can take no more rounds
@@ -59,8 +60,10 @@ class _Run:
 class SiteRuns:
     """The runs site `site` joined under `policy`."""
 
-    def __init__(self, site: str, policy: Policy, all_sites: tuple[str, ...]):
+    def __init__(self, site: str, policy: Policy, all_sites: tuple[str, ...], shared: SharedSteps = SHARED):
         self.site = site
+        #: The plan copies' steps, shared with the process's other sites (each checks its own rounds).
+        self.shared = shared
         self.policy = policy
         self.all_sites = tuple(all_sites)
         self._all_sites = site_set(self.all_sites)
@@ -176,8 +179,15 @@ class SiteRuns:
         if problem is not None:
             state.ended = f"its join was released over a set the policy does not allow: {problem}"
             return
-        state.rounds = state.plan.rounds(PlanContext(self.policy, info, len(self.all_sites), self.site), state.args)
-        self._advance(state, lambda: next(state.rounds))
+        ctx = PlanContext(self.policy, info, len(self.all_sites), self.site)
+
+        def make() -> Rounds:
+            return state.plan.rounds(ctx, state.args)
+
+        # The steps are computed once per process for every site fed the same releases (`shared_steps`).
+        root = self.shared.root(state.plan, ctx, state.args, make)
+        state.rounds = PlanCopy(make, root)
+        self._advance(state, root)
 
     # -- rounds -----------------------------------------------------------------------
 
@@ -230,7 +240,7 @@ class SiteRuns:
         state = self._state(run)
         if state.ended is not None or state.step is None or number != state.number:
             return
-        self._advance(state, lambda: state.rounds.send(release))
+        self._advance(state, state.rounds.feed(release))
 
     def restore_ended(self, info: RunInfo, number: int, ended: str) -> None:
         """Put back a run that had ended, as a compacted log keeps it (run by a restarting Site agent): it
@@ -247,23 +257,13 @@ class SiteRuns:
         except KeyError:
             raise PolicyError(f"site {self.site!r}: no run {run!r}") from None
 
-    def _advance(self, state: _Run, step) -> None:
-        try:
-            if warnings.filters and warnings.filters[0] == _IGNORE_ALL:
-                next_step = step()  # every warning is ignored already (a simulation's loop): no filter to set
-            else:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")  # the analyst sees the plan's warnings, not the sites
-                    next_step = step()
-        except StopIteration:
-            state.step, state.ended = None, "its plan is complete"
-            return
-        except (SecAggError, ValueError, ArithmeticError) as exc:
-            # The plan stopped on the released totals (e.g. a singular Fisher information): so did the analyst's.
-            state.step, state.ended = None, f"its plan stopped: {type(exc).__name__}"
+    def _advance(self, state: _Run, node: Node) -> None:
+        """Take the plan copy's next outcome: the step the site answers next, or why the run ended."""
+        if node.ended is not None:
+            state.step, state.ended = None, node.ended
             return
         try:
-            state.step = checked_step(state.plan, state.queries, next_step)
+            state.step = checked_step(state.plan, state.queries, node.step)
             state.number += 1
         except PolicyError as exc:
             # The site's own copy of the plan left its declaration (a bug of the plan): it answers no more.
