@@ -276,14 +276,14 @@ class Aggregator:
         self._settled = kept
 
     def submit(self, r: Round, share: InputShare) -> bool:
-        """Accept `share` into round `r` (True if new). Run by an Aggregator: a share of a DP round must carry
+        """Accept `share` into round `r`; True if anything changed (a new share, or the same share carrying a
+        longer DP release chain: log it). Run by an Aggregator: a share of a DP round must carry
         a DP release chain that extends, or is a prefix of, the one this site sent before (`dp_chain`: a site
         restored from an older database must not spend its budget again); checked before anything changes."""
         if share.site in self.policy.sites:  # (an unknown site is refused by the round, naming it)
             self.chains.check(share.site, share.dp_chain, r.carries_dp)
         new = r.submit(share)
-        self.chains.note(share.site, share.dp_chain)
-        return new
+        return self.chains.note(share.site, share.dp_chain) or new
 
     def handle(self, message: Message) -> Message:
         """Apply one message and return the reply. Errors raise; state is unchanged by them."""

@@ -1,0 +1,191 @@
+"""A site restored from an older database (or a fresh one) must not spend its DP budget again.
+
+The aggregators keep each site's chain of DP releases (`secagg_roc.dp_chain`): a DP share whose chain does not
+extend it is refused, and a site agent on a database that forgot releases refuses to start unless its operator
+says the ledger was lost on purpose (its budget then counts as spent). The red team's test of a restored copy
+is in test_attacks_redteam_budget.py; here: the chain rules, a fork, the aggregators' restarts and
+compactions, honest restarts, and the real processes' start check and override.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from secagg_roc.dp_chain import HEAD_BYTES, ROLLBACK, ReleaseChains, extend
+from secagg_roc.errors import PolicyError, SecAggError
+
+from test_deploy_state import SITES, StateStudy, pair
+from test_site_compaction import DeployedSite, dp_study
+
+HIST = {"label": "y", "score": "s", "bins": 10, "privacy": "distdp"}
+
+
+def chain(*names: str) -> bytes:
+    return extend("site-a", b"", [(n, "run", 1, {"mu": 1.0, "epsilon": 0.5, "delta": 0.0}) for n in names])
+
+
+# -- the rule ---------------------------------------------------------------------------------------------------------
+
+
+def test_an_aggregator_accepts_a_chain_that_extends_or_is_a_prefix_and_refuses_any_other() -> None:
+    held = ReleaseChains()
+    held.check("site-a", chain("r1", "r2"), True)
+    assert held.note("site-a", chain("r1", "r2")) and held.count("site-a") == 2
+    for ok in (b"", chain("r1"), chain("r1", "r2"), chain("r1", "r2", "r3")):  # late share, replay, a new release
+        held.check("site-a", ok, True)
+    for bad in (chain("x"), chain("r1", "x"), chain("x", "r2"), chain("r1", "x", "r3")):  # forgotten or forked
+        with pytest.raises(PolicyError, match=ROLLBACK):
+            held.check("site-a", bad, True)
+    assert not held.note("site-a", chain("r1")) and held.count("site-a") == 2  # never shortened
+    held.check("site-b", None, False)  # a round without a DP release needs no chain
+    with pytest.raises(PolicyError, match="carries the site's DP release chain"):
+        held.check("site-b", None, True)
+    with pytest.raises(PolicyError, match="digests"):
+        held.check("site-b", b"x" * (HEAD_BYTES + 1), True)
+    again = ReleaseChains()
+    again.load(held.state())
+    assert again.chains == held.chains
+
+
+def test_a_rollback_refusal_names_the_problem_and_no_count() -> None:
+    held = ReleaseChains()
+    held.note("site-a", chain("r1", "r2", "r3"))
+    with pytest.raises(PolicyError) as exc:
+        held.check("site-a", chain("x"), True)
+    text = str(exc.value)
+    assert "site 'site-a'" in text and "restored from an older copy" in text and "--dp-ledger-lost-on-purpose" in text
+    assert not any(d in text for d in "0123456789")  # how many DP releases it made is not the analyst's to see
+
+
+# -- in process: real SQLite logs of sites and aggregators -------------------------------------------------------------
+
+
+def backup(sites: dict) -> None:
+    for site in sites.values():
+        site.agent.store.close()
+        shutil.copy(site.path, site.path.with_suffix(".backup"))
+        site.restart()
+
+
+def put_back(sites: dict) -> None:
+    for site in sites.values():
+        site.agent.store.close()
+        shutil.copy(site.path.with_suffix(".backup"), site.path)
+        site.restart()
+
+
+def test_a_site_rolled_back_that_makes_a_different_release_is_refused_after_the_aggregators_restart(
+        tmp_path: Path) -> None:
+    """A summed release the sites noise themselves (DistDP histogram); the copies put back; the aggregators
+    restarted (their compacted snapshot holds the chains: the shares of the settled round left their log); a
+    different release (another epsilon) forks each site's chain: refused, and the analyst gets nothing."""
+    config, _ = dp_study(tmp_path)
+    sites = {s: DeployedSite(config, s, tmp_path / "state" / f"{s}.sqlite", restart=False) for s in SITES}
+    study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
+    backup(sites)
+    study.run("score_histogram", **HIST, epsilon=0.25)
+    study.aggs = [a.restart() for a in study.aggs]
+    assert all(a.state.core.chains.count(s) == 1 for a in study.aggs for s in SITES)
+    put_back(sites)
+    with pytest.raises(SecAggError, match=ROLLBACK):
+        study.run("score_histogram", **HIST, epsilon=0.2)
+
+
+def test_honest_restarts_and_compactions_of_sites_and_aggregators_keep_dp_rounds_working(tmp_path: Path) -> None:
+    """Sites restarted before every round and compacted after every release, aggregators restarted: DP
+    releases are replayed and new ones made as before; every aggregator's count is each ledger's."""
+    config, _ = dp_study(tmp_path)
+    sites = {s: DeployedSite(config, s, tmp_path / "state" / f"{s}.sqlite") for s in SITES}
+    study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
+    study.run("score_histogram", **HIST, epsilon=0.1)
+    study.aggs = [a.restart() for a in study.aggs]
+    study.run("score_histogram", **HIST, epsilon=0.1)  # replayed from the ledger: the same chain
+    study.run("score_histogram", **HIST, epsilon=0.15)  # a new release: the chain grows
+    study.aggs = [a.restart() for a in study.aggs]
+    for name, site in sites.items():
+        assert len(site.ledger.dp_chain) == 2 * HEAD_BYTES
+        assert all(a.state.core.chains.chains[name] == site.ledger.dp_chain for a in study.aggs)
+
+
+def test_forwarded_per_site_shares_do_not_carry_the_sites_chains(tmp_path: Path) -> None:
+    """The analyst (and the other sites) receive each site's per-site DP release without its chain: the
+    number of DP releases a site made is for the aggregators alone."""
+    config, _ = dp_study(tmp_path)
+    sites = {s: DeployedSite(config, s, tmp_path / "state" / f"{s}.sqlite", restart=False) for s in SITES}
+    study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
+    released = []
+    inner = study._round
+
+    def spy(name, params, frac_bits):
+        out = inner(name, params, frac_bits)
+        released.extend(out)
+        return out
+
+    study._round = spy
+    study.run("rocglm", label="y", score="s")
+    forwarded = [s for r in released for s in getattr(r, "shares", ())]
+    assert forwarded and all(s.dp_chain is None for s in forwarded)
+    assert all(a.state.core.chains.count(s) == 1 for a in study.aggs for s in SITES)
+
+
+# -- real processes: the start check, the operator's override -----------------------------------------------------------
+
+
+def _copy_database(src: Path, dest: Path) -> None:
+    """An online backup (SQLite's backup API: what an operator's backup tool does)."""
+    with sqlite3.connect(src) as a, sqlite3.connect(dest) as b:
+        a.backup(b)
+
+
+def _remove_database(path: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
+@pytest.mark.slow
+def test_a_site_agent_on_a_restored_or_empty_database_refuses_to_start_and_the_override_spends_the_budget(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Real processes over TLS. site-a's database is backed up, a DP release is made, the agent killed:
+
+    * on the backup put back, and on an empty database, the agent refuses to start, saying why;
+    * with ``--dp-ledger-lost-on-purpose`` it starts, and refuses every new DP release (budget spent);
+    * an honest kill -9 of another site, restarted on its own database, starts and answers as before."""
+    import secagg_roc.stats as sr
+    from secagg_roc.deploy.local_cluster import LocalCluster
+    from test_attacks_deployed import STRICT, strict_data
+
+    cl = LocalCluster(tmp_path_factory.mktemp("rollback"), strict_data(seed=43), seed=None, policy=STRICT,
+                      round_timeout_s=15.0)
+    with cl.start():
+        db = cl.folder / "state" / "site-a.sqlite"
+        _copy_database(db, cl.folder / "site-a.backup")
+        with cl.study() as study:
+            first = sr.roc_glm(study, "y", "score")
+        for restore in ("backup", "empty"):
+            cl.kill("site-a")
+            _remove_database(db)
+            if restore == "backup":
+                _copy_database(cl.folder / "site-a.backup", db)
+            cl.start_party("site-a", wait=False)
+            assert cl.procs["site-a"].wait(timeout=60) == 2
+            log = cl.log_text("site-a")
+            assert "has forgotten DP releases that aggregator(s)" in log and "--dp-ledger-lost-on-purpose" in log
+        cl.start_party("site-a", extra=("--dp-ledger-lost-on-purpose",))
+        cl.kill("site-b")  # an honest restart: kill -9, the same database
+        cl.start_party("site-b")
+        with cl.study() as study:
+            with pytest.raises(SecAggError) as exc:
+                sr.roc_glm(study, "y", "score", epsilon=0.49, delta=0.3)
+        assert "counts as spent" in str(exc.value)
+        cl.kill("site-a")  # the override is durable: a plain restart now starts, its budget still spent
+        cl.start_party("site-a")
+        with cl.study() as study:
+            with pytest.raises(SecAggError, match="counts as spent"):
+                sr.roc_glm(study, "y", "score", epsilon=0.45, delta=0.3)
+            brier = sr.brier_score(study, "y", "score")  # exact releases go on as before
+    assert first is not None and 0.0 <= float(brier) <= 1.0 and "site-a" in brier.contributors
