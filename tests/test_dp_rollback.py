@@ -13,7 +13,6 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from secagg_roc.dp_chain import HEAD_BYTES, ROLLBACK, ReleaseChains, extend
