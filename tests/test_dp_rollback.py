@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from secagg_roc.dp_chain import HEAD_BYTES, ROLLBACK, ReleaseChains, extend
@@ -188,3 +189,26 @@ def test_a_site_agent_on_a_restored_or_empty_database_refuses_to_start_and_the_o
                 sr.roc_glm(study, "y", "score", epsilon=0.45, delta=0.3)
             brier = sr.brier_score(study, "y", "score")  # exact releases go on as before
     assert first is not None and 0.0 <= float(brier) <= 1.0 and "site-a" in brier.contributors
+
+
+def test_the_embedded_study_refuses_a_site_whose_ledger_was_replaced_by_an_empty_one() -> None:
+    """The embedded aggregators check the same chains: a site of `Study.local` whose ledger is swapped for an
+    empty one after a DP release is refused at its next new DP release, naming the rollback."""
+    import secagg_roc.stats as sr
+    from secagg_roc import Study
+    from secagg_roc.ledger import Ledger
+    from secagg_roc.policy import DPPolicy, Policy
+
+    rng = np.random.default_rng(5)
+    data = {}
+    for s, n in zip(SITES, (40, 50, 60)):
+        y = rng.integers(0, 2, n)
+        data[s] = {"y": y, "s": 1 / (1 + np.exp(-(rng.normal(size=n) + 1.5 * y - 0.7)))}
+    policy = Policy(privacy_level=5, min_sites=2, dp=DPPolicy(0.5, 0.3, 0.05, budget_epsilon=2.0, budget_delta=0.9),
+                    roles={"label": ["y"], "score": ["s"]})
+    study = Study.local(data, policy=policy, seed=1)
+    sr.roc_glm(study, "y", "s")
+    sr.roc_glm(study, "y", "s", epsilon=0.45, delta=0.3)  # an honest second release: the chains grow
+    study.site_objects["site-b"].ledger = Ledger(policy, "site-b")  # its ledger lost
+    with pytest.raises(SecAggError, match=ROLLBACK):
+        sr.roc_glm(study, "y", "s", epsilon=0.4, delta=0.3)
