@@ -280,7 +280,7 @@ class Aggregator:
         longer DP release chain: log it). Run by an Aggregator: a share of a DP round must carry
         a DP release chain that extends, or is a prefix of, the one this site sent before (`dp_chain`: a site
         restored from an older database must not spend its budget again); checked before anything changes."""
-        if share.site in self.policy.sites:  # (an unknown site is refused by the round, naming it)
+        if isinstance(share.site, str) and share.site in self.policy.sites:  # (the round refuses any other)
             self.chains.check(share.site, share.dp_chain, r.carries_dp)
         new = r.submit(share)
         return self.chains.note(share.site, share.dp_chain) or new
