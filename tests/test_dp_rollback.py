@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from secagg_roc.deploy.site_answers import SiteAnswers
 from secagg_roc.dp_chain import HEAD_BYTES, ROLLBACK, ReleaseChains, extend
 from secagg_roc.errors import PolicyError, SecAggError
 
@@ -97,11 +98,24 @@ def test_a_site_rolled_back_that_makes_a_different_release_is_refused_after_the_
         study.run("score_histogram", **HIST, epsilon=0.2)
 
 
-def test_honest_restarts_and_compactions_of_sites_and_aggregators_keep_dp_rounds_working(tmp_path: Path) -> None:
-    """Sites restarted before every round and compacted after every release, aggregators restarted: DP
-    releases are replayed and new ones made as before; every aggregator's count is each ledger's."""
+class NormalSyncSite(DeployedSite):
+    """A site agent started with ``--sync normal`` (restarted before every round, compacting on start)."""
+
+    def _open(self) -> SiteAnswers:
+        agent = SiteAnswers(self.config, self.name, seed=3, state_path=self.path, synchronous="NORMAL")
+        agent.compactor.every = self.every
+        agent._replay()
+        return agent
+
+
+@pytest.mark.parametrize("kind", [DeployedSite, NormalSyncSite], ids=["sync-full", "sync-normal"])
+def test_honest_restarts_and_compactions_of_sites_and_aggregators_keep_dp_rounds_working(
+        tmp_path: Path, kind: type) -> None:
+    """Sites restarted before every round and compacted after every release (``--sync full`` or ``normal``),
+    aggregators restarted: DP releases are replayed and new ones made as before; every aggregator holds each
+    site's ledger's chain."""
     config, _ = dp_study(tmp_path)
-    sites = {s: DeployedSite(config, s, tmp_path / "state" / f"{s}.sqlite") for s in SITES}
+    sites = {s: kind(config, s, tmp_path / "state" / f"{s}.sqlite") for s in SITES}
     study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
     study.run("score_histogram", **HIST, epsilon=0.1)
     study.aggs = [a.restart() for a in study.aggs]
