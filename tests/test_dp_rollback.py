@@ -227,3 +227,25 @@ def test_the_embedded_study_refuses_a_site_whose_ledger_was_replaced_by_an_empty
     study.site_objects["site-b"].ledger = Ledger(policy, "site-b")  # its ledger lost
     with pytest.raises(SecAggError, match=ROLLBACK):
         sr.roc_glm(study, "y", "s", epsilon=0.4, delta=0.3)
+
+
+def test_a_share_carries_its_chain_on_the_wire_and_a_share_without_one_is_encoded_as_before() -> None:
+    """Tags 2 and 3 carry the chain after the payload; tags 0 and 1 are the
+    format of before, byte for byte; a chain that is not whole digests is a MessageError."""
+    from dataclasses import replace
+
+    from secagg_roc.errors import MessageError
+    from secagg_roc.messages import InputShare, RoundId, decode
+    from secagg_roc.ring import RawFloat
+
+    rid = RoundId("st", 3, bytes(32))
+    plain = InputShare(rid, "site-a", 0, RawFloat().encoding_for(np.zeros(2)), 7, (("v", (2,), False),),
+                       vector=np.arange(2, dtype=np.uint64))
+    chained = replace(plain, dp_chain=chain("r1", "r2"))
+    back = decode(chained.encode())
+    assert back.dp_chain == chain("r1", "r2") and np.array_equal(back.vector, plain.vector)
+    assert decode(plain.encode()).dp_chain is None
+    assert len(chained.encode()) == len(plain.encode()) + 4 + 2 * HEAD_BYTES
+    body = bytearray(replace(plain, dp_chain=b"x" * 33).encode())
+    with pytest.raises(MessageError, match="whole number"):
+        decode(bytes(body))
