@@ -19,6 +19,7 @@ from collections import deque
 
 from .buffers import BufferPool
 from .disclosure import DisclosureLog
+from .dp_chain import ReleaseChains
 from .errors import MessageError, PolicyError, RoundError
 from .messages import (
     AggregateShare,
@@ -96,6 +97,8 @@ class Aggregator:
         #: Round number -> (contributor set, its sites' record counts if the differencing guard applies) of a
         #: release under way (`reserve`); at most one per open round, given back at its release or abandonment.
         self.reserved: dict[int, tuple[tuple[str, ...], dict[str, int] | None]] = {}
+        #: Per site, the longest chain of DP releases it sent here: a share that does not extend it is refused.
+        self.chains = ReleaseChains()
 
     @property
     def retired_max(self) -> int:
@@ -272,13 +275,23 @@ class Aggregator:
                 kept.append(old)
         self._settled = kept
 
+    def submit(self, r: Round, share: InputShare) -> bool:
+        """Accept `share` into round `r`; True if anything changed (a new share, or the same share carrying a
+        longer DP release chain: log it). Run by an Aggregator: a share of a DP round must carry
+        a DP release chain that extends, or is a prefix of, the one this site sent before (`dp_chain`: a site
+        restored from an older database must not spend its budget again); checked before anything changes."""
+        if isinstance(share.site, str) and share.site in self.policy.sites:  # (the round refuses any other)
+            self.chains.check(share.site, share.dp_chain, r.carries_dp)
+        new = r.submit(share)
+        return self.chains.note(share.site, share.dp_chain) or new
+
     def handle(self, message: Message) -> Message:
         """Apply one message and return the reply. Errors raise; state is unchanged by them."""
         if isinstance(message, Query):
             return self.open(message)
         if isinstance(message, InputShare):
             r = self.round(message.round_id)
-            r.submit(message)
+            self.submit(r, message)
             # The acknowledgement names only the submitter: a site never learns who else took part.
             return RoundStatus(r.round_id, (message.site,), r.released_over is not None)
         if isinstance(message, (StatusRequest, CloseRound)) and not isinstance(message.round_id, RoundId):

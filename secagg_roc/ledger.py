@@ -21,6 +21,12 @@ writes ledger entries and its answer in one SQLite transaction; see
   never draws new noise (averaging repeats would otherwise remove the noise).
 * **A budget.** Each new DP release is charged (`dp.accounting.Charge`) and
   refused if the site's total would exceed its policy's budget.
+* **A chain the aggregators check.** The charged releases form a hash chain
+  (`dp_chain`), sent with every DP share: an aggregator refuses a share whose
+  chain does not extend what it saw, so a site restored from an older copy
+  of its database cannot spend its budget again. A site whose operator
+  declares the ledger lost on purpose (a "lost" entry) refuses every new DP
+  release of the study: its budget counts as spent.
 
 Ledger entries (`LedgerEntry`) are plain JSON, so a deployed site can replay
 its database into a fresh `Ledger` after a restart: no release exists without
@@ -36,6 +42,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+from . import dp_chain
 from .dp.accounting import Charge, Spent, total
 from .errors import PolicyError
 from .policy import Policy
@@ -119,6 +126,10 @@ class Ledger:
         #: Every contributor set this site released over, with its total record count.
         self.sets: dict[frozenset[str], int] = {}
         self.data_digests: set[str] = set()
+        #: The heads of the hash chain over the charged DP releases, in the order they were made (`dp_chain`).
+        self.dp_chain = b""
+        #: Set by a "lost" entry: the operator started the site on a database that lost DP releases.
+        self.dp_lost = False
 
     # -- exact releases ----------------------------------------------------------
 
@@ -182,6 +193,12 @@ class Ledger:
 
     def check_charge(self, charge: Charge) -> None:
         """Refuse a new DP release that would take the site over its budget (PolicyError)."""
+        if self.dp_lost:
+            raise PolicyError(
+                f"site {self.site!r}: ledger: a new DP release would exceed this site's privacy budget: its DP "
+                "budget counts as spent (its operator started it on a database that lost its DP releases, "
+                "--dp-ledger-lost-on-purpose)"
+            )
         after = self.spent(charge)
         if not after.within_budget:
             raise PolicyError(
@@ -198,6 +215,24 @@ class Ledger:
             "charge": None if charge is None else charge.to_dict(),
         }
         return LedgerEntry("noisy", record=body)
+
+    def chain_after(self, entries: Iterable[LedgerEntry]) -> bytes:
+        """The DP release chain once `entries` are applied (what a DP share carries; `dp_chain`)."""
+        new, seen = [], set(self.noisy)
+        for entry in entries:
+            if entry.kind != "noisy":
+                continue
+            body = entry.record()
+            if body["key"] not in seen and body["charge"] is not None:
+                seen.add(body["key"])
+                new.append((body["key"], body["run"], int(body["step"]), body["charge"]))
+        return dp_chain.extend(self.site, self.dp_chain, new) if new else self.dp_chain
+
+    @staticmethod
+    def lost_entry(aggregators: Mapping[str, int]) -> LedgerEntry:
+        """The entry an operator's ``--dp-ledger-lost-on-purpose`` logs: how many DP releases each aggregator
+        had seen from this site. Once applied, every new DP release of the study is refused."""
+        return LedgerEntry("lost", record={"seen": dict(sorted(aggregators.items()))})
 
     # -- state ----------------------------------------------------------------------
 
@@ -226,6 +261,11 @@ class Ledger:
             charge = None if body["charge"] is None else Charge(**body["charge"])
             values = {name: np.asarray(v, dtype=np.float64) for name, v in body["values"].items()}
             self.noisy[body["key"]] = NoisyRelease(body["key"], body["run"], int(body["step"]), values, charge)
+            if charge is not None:
+                self.dp_chain = dp_chain.extend(self.site, self.dp_chain,
+                                                [(body["key"], body["run"], int(body["step"]), body["charge"])])
+        elif entry.kind == "lost":
+            self.dp_lost = True
         else:
             raise ValueError(f"unknown ledger entry kind {entry.kind!r}")
 
@@ -237,5 +277,5 @@ class Ledger:
             "exact_releases": sum(self.exact_counts.values()),
             "dp_releases": sum(1 for r in self.noisy.values() if r.charge is not None),
             "non_private_releases": sum(1 for r in self.noisy.values() if r.charge is None),
-            "budget": spent.describe(),
+            "budget": spent.describe() + (" (counted as spent: the DP ledger was lost)" if self.dp_lost else ""),
         }

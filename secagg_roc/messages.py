@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .dp_chain import HEAD_BYTES, MAX_CHAIN
 from .errors import MessageError
 from .memo import SizedMemo
 from .ring import Encoding
@@ -34,6 +35,9 @@ from .wire import (  # noqa: F401  (re-exported: the identifiers and format cons
     layout_size,
     parse_layout as _parse_layout,
 )
+
+#: A DP release chain on the wire: whole digests, at most `dp_chain.MAX_CHAIN` of them.
+_MAX_CHAIN_BYTES = MAX_CHAIN * HEAD_BYTES
 
 # --------------------------------------------------------------------------- messages
 
@@ -185,6 +189,7 @@ class InputShare(Message):
     layout: Layout
     seed: bytes | None = None
     vector: np.ndarray | None = field(default=None, compare=False)
+    dp_chain: bytes | None = field(default=None, compare=False)
 
     @property
     def length(self) -> int:
@@ -197,12 +202,16 @@ class InputShare(Message):
         w.encoding(self.encoding)
         w.i64(self.records)
         w.str(_layout_json(self.layout))
+        # Tags 2 and 3 add the DP release chain after the payload; 0 and 1 (no chain) stay byte for byte.
+        chained = 0 if self.dp_chain is None else 2
         if self.seed is not None:
-            w.u8(0)
+            w.u8(0 + chained)
             w.raw(self.seed)
         else:
-            w.u8(1)
+            w.u8(1 + chained)
             w.array(self.vector)
+        if self.dp_chain is not None:
+            w.raw(self.dp_chain)
 
     @classmethod
     def _read(cls, r: _Reader) -> "InputShare":
@@ -215,18 +224,23 @@ class InputShare(Message):
             raise MessageError(f"record count {records} is negative")
         layout = _parse_layout(r.str("layout"))
         tag = r.u8("payload tag")
-        if tag == 0:
-            seed = r.raw("seed", 64)
-            return cls(round_id, site, aggregator, encoding, records, layout, seed=seed)
-        if tag == 1:
-            vector = r.array("share vector")
+        if tag not in (0, 1, 2, 3):
+            raise MessageError(f"unknown payload tag {tag}")
+        if tag % 2 == 0:
+            seed, vector = r.raw("seed", 64), None
+        else:
+            seed, vector = None, r.array("share vector")
             if vector.dtype != np.uint64 or vector.ndim != 1:
                 raise MessageError("a share vector is a 1-d uint64 array")
             if vector.size not in _payload_sizes(layout):
                 raise MessageError(f"share vector has {vector.size} elements, layout says {layout_size(layout)} "
                                    "(or twice that, under a scheme whose payloads are twice as long)")
-            return cls(round_id, site, aggregator, encoding, records, layout, vector=vector)
-        raise MessageError(f"unknown payload tag {tag}")
+        chain = None
+        if tag >= 2:
+            chain = r.raw("DP release chain", _MAX_CHAIN_BYTES)
+            if len(chain) % HEAD_BYTES:
+                raise MessageError(f"a DP release chain is a whole number of {HEAD_BYTES}-byte digests")
+        return cls(round_id, site, aggregator, encoding, records, layout, seed=seed, vector=vector, dp_chain=chain)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -82,6 +82,9 @@ class Round:
         spec = QUERIES.get(query.name)
         #: A per-site (DP) round: shares are forwarded unsummed, each site with its own layout.
         self.per_site = spec is not None and spec.release == "dp"
+        #: A round that carries a DP release (per-site, or a sum the sites noise): its shares carry the site's
+        #: DP release chain, which the aggregator checks (`dp_chain`).
+        self.carries_dp = self.per_site or (spec is not None and spec.charge is not None)
         self.outputs = None if spec is None else spec.outputs
         #: The (name, integer) pairs every share's layout must have: the query's declared outputs.
         self._declared = None if spec is None else sorted((n, k == "int") for n, k in spec.outputs.items())
@@ -214,8 +217,10 @@ class Round:
             return self.released  # the same release again reveals nothing new
         shares = [self.accepted[s] for s in agreed]
         if self.per_site:
-            # Forwarded, never summed: this aggregator's share of each site's own release.
-            self.released = ForwardedShares(self.round_id, self.index, agreed, records, tuple(shares))
+            # Forwarded, never summed: this aggregator's share of each site's own release. Without the sites'
+            # DP release chains: how many DP releases a site made is for the aggregators alone to know.
+            bare = tuple(s if s.dp_chain is None else replace(s, dp_chain=None) for s in shares)
+            self.released = ForwardedShares(self.round_id, self.index, agreed, records, bare)
             self.released_over = agreed
             self.state = RoundState.RELEASED
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}

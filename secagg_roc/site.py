@@ -28,7 +28,7 @@ before the shares are returned, so no release exists without its record.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Mapping
 
 import numpy as np
@@ -150,6 +150,11 @@ class Site(NoisyReleases):
             shares, entries = self._per_site(query, info, number, step, seeds, replay)
         else:
             shares, entries = self._exact(query, info, number, step, seeds, replay)
+        if step is not None and (step.release == "dp" or lookup(step.query).charge is not None):
+            # A DP round: its shares carry the site's chain of DP releases with this one (`dp_chain`), which
+            # each aggregator checks extends what it saw (a site restored from an older copy is refused).
+            chain = self.ledger.chain_after(entries)
+            shares = [replace(s, dp_chain=chain) for s in shares]
         if persist is not None:
             persist(entries, shares, seeds or {})
         for entry in entries:

@@ -3,8 +3,8 @@
 A curious analyst (raw requests allowed) tries to get a release drawn afresh that the ledger should replay,
 to spend beyond a site's budget, or to isolate a site's totals across runs, helped by site agents that are
 restarted (kill -9) on their databases. The attacks that held are listed at the end of this docstring; the
-tests below are the holes found (each failed before its fix), a few attacks that held (kept as regression
-tests), and one weakness left open (xfail, strict).
+tests below are the holes found (each failed before its fix) and a few attacks that held (kept as regression
+tests).
 
 Holes found:
 
@@ -20,16 +20,16 @@ Holes found:
   a power loss could take the ledger entry of a release the analyst already had, and the restarted site would
   draw that release afresh (and charge it as new) when asked again. Fixed: the transaction that logs a DP
   release is committed with ``synchronous=FULL`` in any mode (`Store.append_many(power_safe=True)`).
-* Left open (an ``xfail(strict=True)`` test below): a site whose database is put back from an older copy (a
-  backup, a VM snapshot) or replaced by a fresh one has forgotten the DP releases made since, and spends its
-  budget again. Not the analyst's act, and nothing on the site alone can notice it (the copy is the site's
-  whole state); the aggregators, who saw the rounds, can. The fix needs them: each aggregator keeps, per site
-  and durably (in its snapshot too), the number of DP-charged rounds the site answered (per-site rounds and
-  noised sums accepted); each site sends its ledger's release count, and a hash chain over its ledger
-  entries, with each DP answer (a new `InputShare` field; TLS says which site sent it), and an aggregator
-  refuses a DP share whose count is below what it saw from that site, or whose chain does not extend the last
-  one it saw; a site agent on an empty database asks the aggregators' ``/v1/info`` whether it took part in
-  any run, and refuses to start (unless its operator says the ledger was lost on purpose) if it did.
+* A site whose database is put back from an older copy (a backup, a VM snapshot) or replaced by a fresh one
+  had forgotten the DP releases made since, and spent its budget again (the last test below, a strict xfail
+  until its fix). Not the analyst's act, and nothing on the site alone can notice it (the copy is the site's
+  whole state); the aggregators, who saw the rounds, can. Fixed (`secagg_roc.dp_chain`): each site's ledger
+  keeps a hash chain over its charged DP releases, sent with every DP share (`InputShare.dp_chain`; TLS says
+  which site sent it); each aggregator keeps, per site and durably (log and snapshot), the longest chain it
+  accepted, and refuses a DP share whose chain neither extends nor is a prefix of it (fewer releases than it
+  saw and a new one drawn, or a fork); a site agent asks the aggregators' ``/v1/info`` on start and refuses
+  to start on a database that forgot releases they saw, unless its operator passes
+  ``--dp-ledger-lost-on-purpose`` (its budget then counts as spent). More in tests/test_dp_rollback.py.
 
 Attacks that held (see the report of this round): re-noising a DP release by parameter order, float spellings
 (the site keys the release by its own plan's canonical parameters, never the analyst's text), another run id or
@@ -52,6 +52,7 @@ from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.local_cluster import write_site_csv
 from secagg_roc.deploy.pki import create_study_keys
 from secagg_roc.deploy.site_answers import SiteAnswers
+from secagg_roc.dp_chain import ROLLBACK
 from secagg_roc.policy import Policy
 
 from test_deploy_state import SITES, STUDY, StateStudy, pair
@@ -333,12 +334,9 @@ def test_a_distdp_histogram_is_replayed_not_redrawn_across_restarts_compactions_
     assert len([r for r in agent.ledger.noisy.values() if r.charge is not None and r.charge.delta == 0.0]) == 1
 
 
-# 4 -- a weakness left open (its fix is described in the report: it needs the aggregators) ---------------------------
+# 4 -- a site restored from an older copy of its database (fixed with the aggregators' DP release chains) -------------
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: a site restored from an older copy of its database (or started on a "
-                   "fresh one) has forgotten the DP releases made since, and charges its budget again; only the "
-                   "aggregators, who saw those rounds, could notice (see the module docstring)")
 def test_a_site_restored_from_an_older_copy_of_its_database_keeps_its_spent_budget(tmp_path: Path) -> None:
     """Every site's database is copied (a backup, a VM snapshot), a DP release spends the budget, the copies are
     put back and the agents restarted: a new DP release must still be refused. The operators' act, not the
@@ -365,6 +363,6 @@ def test_a_site_restored_from_an_older_copy_of_its_database_keeps_its_spent_budg
         shutil.copy(site.path.with_suffix(".backup"), site.path)
         site.restart()
         site.refusals.clear()
-    with pytest.raises(SecAggError):
+    with pytest.raises(SecAggError, match=ROLLBACK):  # the aggregators saw the release the copies forgot
         study.run("rocglm", label="y", score="s", epsilon=0.45, delta=0.3)
-    assert all("exceed this site's privacy budget" in site.refusals[-1] for site in sites.values())
+    assert all(a.state.core.chains.count(s) == 1 for a in study.aggs for s in SITES)

@@ -341,7 +341,7 @@ class AggregatorService:
         return web.json_response(self.presence.report())
 
     async def _info(self, request: web.Request) -> web.Response:
-        self._peer(request, _ANY)
+        peer = self._peer(request, _ANY)
         info = {
             "study": self.config.study_id,
             "aggregator": self.name,
@@ -352,6 +352,8 @@ class AggregatorService:
             "open_rounds": self.state.core.open_rounds(),
             "policy": self.state.policy_digest,
         }
+        if peer.role == "site":  # its own DP release chain only: a restarted site checks its ledger against it
+            info["dp_chain"] = self.state.core.chains.chains.get(peer.name, b"").hex()
         return web.json_response(info)
 
 

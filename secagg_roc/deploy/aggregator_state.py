@@ -241,7 +241,7 @@ class AggregatorState:
             self._check_expected(share.site, share.round_id)
             if self.pairwise is not None:
                 self.pairwise.check_share(share)
-            new = r.submit(share)
+            new = self.core.submit(r, share)  # (the site's DP release chain, then the round's checks)
             # The acknowledgement names only the submitter: a site never learns who else took part.
             return Applied(RoundStatus(r.round_id, (share.site,), r.released_over is not None), new)
         if kind == "close":

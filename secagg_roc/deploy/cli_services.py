@@ -123,6 +123,11 @@ def add_service_parsers(subparsers: Any) -> None:
     site.add_argument("--allow-non-private", action="store_true",
                       help="this site's consent to the non-private validation mode (exact scores to the analyst); "
                            "the study's policy must allow it as well")
+    site.add_argument("--dp-ledger-lost-on-purpose", action="store_true",
+                      help="start although the aggregators saw DP releases this site's database no longer holds "
+                           "(restored from an older copy, or replaced): the site's DP budget for the study then "
+                           "counts as spent, and it refuses every new DP release (without this flag the agent "
+                           "refuses to start)")
     site.set_defaults(func=run_site_command)
 
 
@@ -156,5 +161,5 @@ def run_site_command(args: argparse.Namespace) -> int:
 
     run_site(args.study, args.name, seed=args.seed, state_path=args.state,
              allow_non_private=args.allow_non_private, synchronous=args.sync.upper(), ready=_print_ready,
-             stop_on_eof=args.stop_on_eof)
+             stop_on_eof=args.stop_on_eof, dp_ledger_lost=args.dp_ledger_lost_on_purpose)
     return 0

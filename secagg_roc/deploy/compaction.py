@@ -99,6 +99,7 @@ def snapshot_of(state: AggregatorState, upto: int) -> dict[str, Any]:
         "settled": list(core._settled),
         "retired_max": core.retired_max,
         "reservations": state.reservations.snapshot(),
+        "dp_chains": core.chains.state(),  # the sites' DP release chains: their shares are dropped from the log
     }
 
 
@@ -142,6 +143,7 @@ def restore(state: AggregatorState, snap: dict[str, Any]) -> None:
     core._settled.extend(int(n) for n in snap["settled"])
     core._retired_max = int(snap["retired_max"])
     state.reservations.restore(snap.get("reservations", []))  # (none in a snapshot of an older build)
+    core.chains.load(snap.get("dp_chains", {}))
 
 
 def _restore_release(state: AggregatorState, entry: LogEntry) -> None:

@@ -211,7 +211,7 @@ class LocalCluster:
 
     # -- processes -----------------------------------------------------------------
 
-    def command(self, name: str) -> list[str]:
+    def command(self, name: str, extra: tuple[str, ...] = ()) -> list[str]:
         """The command line that runs party `name`."""
         assert self.config is not None
         role = self.config.party(name).role
@@ -228,11 +228,11 @@ class LocalCluster:
                 cmd += ["--seed", str(self.seed)]
             if self.allow_non_private:
                 cmd.append("--allow-non-private")
-            return cmd
+            return cmd + list(extra)
         raise ConfigError(f"{name!r} is the analyst: it runs in this process (study())")
 
-    def start_party(self, name: str, *, wait: bool = True, timeout: float = 60.0) -> None:
-        """Start the process of aggregator or site `name` (again, after `kill`)."""
+    def start_party(self, name: str, *, wait: bool = True, timeout: float = 60.0, extra: tuple[str, ...] = ()) -> None:
+        """Start the process of aggregator or site `name` (again, after `kill`); `extra`: more site flags."""
         if name in self.procs and self.procs[name].poll() is None:
             raise RuntimeError(f"{name} is already running (pid {self.procs[name].pid})")
         logs = self.folder / "logs"
@@ -242,7 +242,7 @@ class LocalCluster:
         logfile.flush()
         self._logs[name] = logfile
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.procs[name] = subprocess.Popen(self.command(name), stdin=subprocess.PIPE, stdout=logfile,
+        self.procs[name] = subprocess.Popen(self.command(name, extra), stdin=subprocess.PIPE, stdout=logfile,
                                             stderr=subprocess.STDOUT, env=env, cwd=self.folder, start_new_session=True)
         if wait:
             assert self.config is not None

@@ -79,6 +79,7 @@ def ledger_state(ledger: Ledger) -> dict[str, Any]:
                   for r in ledger.noisy.values()],
         "sets": sorted([sorted(s), int(n)] for s, n in ledger.sets.items()),
         "data": sorted(ledger.data_digests),
+        **({"lost": True} if ledger.dp_lost else {}),  # the operator's --dp-ledger-lost-on-purpose
     }
 
 
@@ -93,6 +94,7 @@ def restore_ledger(ledger: Ledger, state: dict[str, Any]) -> None:
         ledger.apply(ledger.noisy_entry(body["key"], body["run"], body["step"], body["values"], charge))
     ledger.sets = {frozenset(s): int(n) for s, n in state["sets"]}
     ledger.data_digests = set(state["data"])
+    ledger.dp_lost = bool(state.get("lost", False))
 
 
 class SiteCompactor:

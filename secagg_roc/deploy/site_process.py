@@ -3,7 +3,8 @@
 Run by each Site (``secagg-roc site --study S --name N``, and `LocalCluster`
 through `party_process`): the lock on its state file keeps a second agent of the
 same site from starting, and a data file that would keep the site out of runs
-is reported in the operator's log before the agent follows its aggregators.
+is reported in the operator's log before the agent follows its aggregators, and a
+database that forgot DP releases the aggregators saw stops it (`site_ledger_check`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .config_schema import SiteConfig, StudyConfig, with_article
 from .party_process import announce, hold_lock, stop_event
 from .site_agent import SiteAgent
 from .site_check import site_check
+from .site_ledger_check import check_dp_ledger
 from .site_log import default_state_path
 
 __all__ = ["run_site"]
@@ -35,8 +37,13 @@ def run_site(
     synchronous: str = "FULL",
     ready: Callable[[str], None] | None = None,
     stop_on_eof: bool = False,
+    dp_ledger_lost: bool = False,
 ) -> None:
-    """Run site agent `name` until SIGINT, SIGTERM or (with `stop_on_eof`) EOF on stdin (run by that Site)."""
+    """Run site agent `name` until SIGINT, SIGTERM or (with `stop_on_eof`) EOF on stdin (run by that Site).
+
+    On start the agent asks the aggregators which DP releases they saw from the site and refuses to start
+    (ConfigError) if its ledger forgot any, unless `dp_ledger_lost` (``--dp-ledger-lost-on-purpose``): its DP
+    budget then counts as spent (`site_ledger_check`)."""
     if not isinstance(config, StudyConfig):
         config = load_study(config)
 
@@ -49,6 +56,13 @@ def run_site(
             config, name, seed=seed, state_path=state_path, allow_non_private=allow_non_private, synchronous=synchronous
         )
         stop = stop_event(stop_on_eof=stop_on_eof)
+        try:  # before any feed is followed: a database that forgot DP releases answers nothing
+            await check_dp_ledger(name, agent.ledger, agent.store, agent.clients, lost_on_purpose=dp_ledger_lost)
+        except ConfigError:
+            for client in agent.clients:
+                await client.close()
+            agent.store.close()
+            raise
         report, clean = site_check(config, name, state_path=state_path)
         if not clean:  # the operator's own log: what keeps this site out of runs, with columns and rows
             log.warning("the site's data would keep it out of runs; fix the data file and restart the agent "
