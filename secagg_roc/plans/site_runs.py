@@ -30,6 +30,7 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
+from ..queries.combinations import near_combinations, threshold_copies
 from ..queries.copies import near_copies
 from ..queries.groups import label_problems
 from ..queries.run import run_step
@@ -112,8 +113,11 @@ class SiteRuns:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
         if not problems:
             problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
-            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count,
-                                    lambda role: None if roles is None else roles.get(role, ()))
+            role_arrays = lambda role: None if roles is None else roles.get(role, ())  # noqa: E731
+            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
+            if not problems:  # (several arrays at once: a composite outcome beside its parts)
+                problems += near_combinations(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
+                problems += threshold_copies(data, plan.uses(canon), self.policy)
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
         if problems:

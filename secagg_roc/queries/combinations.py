@@ -1,0 +1,274 @@
+"""Near combinations: an array that is a linear combination of *several* other arrays the policy names (and of
+their squares) except on a few records, checked by each Site when a run starts.
+
+`copies` compares arrays two at a time. A difference of totals needs no pair: a composite outcome (death within
+90 days) that is the sum of two exclusive ones (within 30 days, 31 to 90 days) but in one record gave, from
+three GLMs' first rounds, ``sum y90 x - sum y30 x - sum y31_90 x``: that record's covariate, exactly. Each
+pair of those labels differs in some 60 records, so no pairwise rule saw it. The same holds for a total dose
+beside its parts, a spline basis beside the covariate it was built from, and a squared covariate beside the
+covariate (a GLM's information matrix releases ``sum x^2``): every total linear in the arrays of an analysis
+can be differenced against the same totals of the others.
+
+So a site fits each column of an analysis's arrays on an intercept, every column of the other arrays that sum
+alike (as `copies.near_copies` chooses them: a label against the labels; a score, covariate or weight against
+every array of those roles) and, for values, their squares, by least trimmed squares (C-steps from a least
+squares start and from fixed elemental subsets): the fit that explains all but ``min_cell - 1`` records best. The
+array is a near combination, and the site does not join, when that fit's residual over every record is not
+zero, is smaller than the array's own spread, its largest ``min_cell - 1`` entries hold more than
+(min_cell - 1) / min_cell of it (`copies`' rule for one map, here for a combination), and every other entry is
+at most `EXACT_SHARE` of its largest: the combination holds on the other records, to float noise or a rounding
+of the arrays, not merely as an approximation (log age is near a combination of age and its square, off most
+at the extremes). An exact combination (a composite outcome coded consistently) is no near combination: its
+differences give nothing.
+
+A fit needs at least four records per column beside the ``min_cell - 1`` it may leave out (fewer fit some
+combination by chance); with more columns than that, the site fits each pair of other columns (with an
+intercept) and each column with its square instead. The refusal names the arrays of the combination and the
+rule, never a count or a value.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any, Callable, Iterable
+
+import numpy as np
+
+from ..policy import ROLES
+from .copies import MAX_COLUMNS, MIN_RECORDS, NEAR_SHARE, RESOLUTION, _buckets, _digest, _dominated, _grids, _verdict
+from .registry import SiteData
+
+#: Records per fitted column (beyond the min_cell - 1 a fit may leave out) below which a fit is not tried.
+RECORDS_PER_COLUMN = 4
+#: C-steps per start (a few outliers settle in two or three).
+C_STEPS = 8
+#: Starts from fixed random elemental subsets (p + 1 records) beside the least squares start: with 4 records
+#: off among 40 and 9 columns, one in three holds none of them, and 20 starts miss them all once in a thousand.
+EXTRA_STARTS = 20
+#: The most terms (columns, their squares and products) fitted at once; beyond, each pair of columns alone.
+MAX_TERMS = 48
+#: A combination must hold on all but min_cell - 1 records to this share of its largest miss: several smooth
+#: transforms of one covariate approximate another (age by age^2 and log age to 1e-4 years) with misses that
+#: are largest at the extremes (4e-2), which is an approximation, not a record off an identity.
+EXACT_SHARE = 1e-4
+
+
+def _solve(G: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    # The small system's SVD copes with an exact combination among the columns (a composite beside its parts).
+    return np.linalg.lstsq(G, rhs, rcond=1e-13)[0]
+
+
+def _trimmed_fit(M: np.ndarray, b: np.ndarray, k: int, seed: bytes) -> np.ndarray:
+    """Coefficients of the least squares fit over the n - k records it fits best: C-steps of least trimmed
+    squares from the full fit and from `EXTRA_STARTS` fixed elemental subsets. A fit leaving out k records
+    solves the normal equations of all records less those k (a p x p system whatever n: a tall least squares
+    took 27 ms over 20,000 records, and a check takes hundreds), refined once against its residual (the float
+    noise of an exact combination must stay below `copies.RESOLUTION`)."""
+    n, p = M.shape
+    G, Mb = M.T @ M, M.T @ b
+
+    def fit(out: np.ndarray) -> np.ndarray:
+        Mo = M[out]
+        Gk = G - Mo.T @ Mo
+        coef = _solve(Gk, Mb - Mo.T @ b[out])
+        r = b - M @ coef
+        return coef + _solve(Gk, M.T @ r - Mo.T @ r[out])
+
+    rng = np.random.default_rng(int.from_bytes(seed[:8], "little"))
+    starts = [fit(np.zeros(0, dtype=np.int64))]
+    for _ in range(EXTRA_STARTS):
+        subset = rng.choice(n, size=min(n, p + 1), replace=False)  # elemental: the likeliest to miss the few
+        Ms = M[subset]
+        starts.append(_solve(Ms.T @ Ms, Ms.T @ b[subset]))
+    best, best_loss = starts[0], np.inf
+    scale = float(np.abs(b).max(initial=0.0)) or 1.0
+    for coef in starts:
+        dropped = None
+        for _ in range(C_STEPS):
+            r = np.abs(b - M @ coef)
+            now = np.sort(np.argpartition(r, n - k)[n - k:])  # the k records the fit misses most
+            if dropped is not None and np.array_equal(now, dropped):
+                break
+            dropped = now
+            coef = fit(dropped)
+        r = np.abs(b - M @ coef)
+        loss = float(r.sum() - np.sort(r)[n - k:].sum())
+        if loss < best_loss:
+            best, best_loss = coef, loss
+        if loss <= 1e-9 * scale:
+            break  # exact on all but k records: no start does better
+    return best
+
+
+def _near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: bytes) -> np.ndarray | None:
+    """The coefficients (intercept first) if `b` is a combination of the columns of `basis` except on fewer
+    than `min_cell` records in effect (see the module docstring), else None."""
+    k = max(1, min_cell - 1)
+    n, p = basis.shape
+    if n < max(MIN_RECORDS, 3 * k + 1) or n - k < RECORDS_PER_COLUMN * (p + 1):
+        return None
+    spread = float(np.abs(b - np.median(b)).sum())
+    if spread == 0:
+        return None
+    # Columns scaled to unit spread, so one fit's precision does not depend on the arrays' units.
+    center = basis.mean(axis=0)
+    scale = basis.std(axis=0)
+    live = scale > 0
+    M = np.hstack([np.ones((n, 1)), (basis[:, live] - center[live]) / scale[live]])
+    coef = _trimmed_fit(M, b, k, seed)
+    fit = M @ coef
+    residual = b - fit
+    floor = RESOLUTION * max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300) * np.sqrt(M.shape[1])
+    residual = np.where(np.abs(residual) <= floor, 0.0, residual)
+    if not (float(np.abs(residual).sum()) <= NEAR_SHARE * spread and _dominated(residual, k)):
+        return None
+    size = np.sort(np.abs(residual))[::-1]
+    if size[k] > EXACT_SHARE * size[0]:
+        return None  # a smooth approximation (log age by age and its square), off most at the extremes
+    out = np.zeros(p + 1)
+    out[0] = coef[0]
+    out[1:][live] = coef[1:]
+    return out
+
+
+def _usable(a: np.ndarray, n: int) -> bool:
+    return a.ndim in (1, 2) and a.shape[0] == n and a.dtype.kind in "iufb" \
+        and int(np.prod(a.shape[1:])) <= MAX_COLUMNS and bool(np.all(np.isfinite(a)))
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(a.shape[0], -1).astype(np.float64)
+
+
+def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int], values: bool
+           ) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
+    """The columns `used`, their pairwise products (sums of them are a GLM's information: an interaction
+    column; for labels, one outcome AND another) and, for values, their squares (a 0/1 column is its own)."""
+    used = list(used)
+    cols = [columns[i] for i in used]
+    names = [(owners[i],) for i in used]
+    for x, i in enumerate(used):
+        for j in used[x + (0 if values else 1):]:
+            product = columns[i] * columns[j]
+            if i == j and np.all((columns[i] == 0) | (columns[i] == 1)):
+                continue
+            cols.append(product)
+            names.append((owners[i], owners[j]))
+    return cols, names
+
+
+def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], values: bool, min_cell: int,
+           seed: bytes) -> list[str] | None:
+    """The arrays of a combination that `b` is near (see the module docstring), or None."""
+    k = max(1, min_cell - 1)
+    n = b.size
+    scale = float(np.abs(b - np.median(b)).mean()) or 1.0
+    m = len(columns)
+    full = m + m * (m + 1) // 2 if values else m + m * (m - 1) // 2
+
+    def fits(terms: int) -> bool:
+        return n - k >= RECORDS_PER_COLUMN * (terms + 1) and terms <= MAX_TERMS
+
+    if fits(full):
+        groups = [(range(m), True)]
+    else:  # too many terms for the records: every column alone, then each pair with its products
+        groups = [(range(m), False)] if fits(m) else []
+        groups += [(used, True) for used in ([(0,)] if m == 1 else combinations(range(m), 2))]
+    for used, quadratic in groups:
+        cols, names = _terms(columns, owners, used, values) if quadratic else \
+            ([columns[i] for i in used], [(owners[i],) for i in used])
+        coef = _near_combination(b, np.column_stack(cols), min_cell, seed)
+        if coef is not None:
+            return sorted({o for c, name in zip(coef[1:], names) if abs(c) > 1e-6 * scale for o in name})
+    return None
+
+
+def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
+                      role_arrays: Callable[[str], Iterable[str] | None]) -> list[str]:
+    """Run by each Site when a run starts: the arrays of an analysis that are, at `site`, a linear combination
+    of several other arrays the policy names (and of their squares) except on fewer than `min_cell` records in
+    effect (see the module docstring). `role_arrays(role)` names the arrays the policy gives a role (None:
+    every array of the site, as under a policy without roles)."""
+    if min_cell <= 1:
+        return []
+    named = [role_arrays(role) for role in ROLES]
+    every = None if any(names is None for names in named) else {a for names in named for a in names}
+    labels = set(role_arrays("label") or ())
+    problems: list[str] = []
+    seen: set[tuple[str, str]] = set()
+    for role, name in uses:
+        if (role, name) in seen or name not in site.arrays:
+            continue
+        seen.add((role, name))
+        a = np.asarray(site.arrays[name])
+        if a.ndim == 0 or not _usable(a, a.shape[0]):
+            continue
+        n = a.shape[0]
+        if every is None:  # no roles: a label against the 0/1 arrays, anything else against the others
+            zero_one = role == "label"
+            others = [o for o in sorted(site.arrays) if o != name and _usable(np.asarray(site.arrays[o]), n)
+                      and bool(np.all(np.isin(np.asarray(site.arrays[o]), (0, 1)))) == zero_one]
+        else:
+            pool = labels if role == "label" else every - labels
+            others = [o for o in sorted(pool & set(site.arrays)) if o != name
+                      and _usable(np.asarray(site.arrays[o]), n)]
+        mine = _flat(a)
+        for j in range(mine.shape[1]):
+            columns, owners = [], []
+            for o in others:
+                for c in _flat(np.asarray(site.arrays[o])).T:
+                    columns.append(c)
+                    owners.append(o)
+            for i in range(mine.shape[1]):  # the matrix's other columns (a GLM sums them side by side)
+                if i != j:
+                    columns.append(mine[:, i])
+                    owners.append(f"{name}[{i}]")
+            if len(columns) < (2 if role == "label" else 1):
+                continue  # one other label: `copies` judges that pair (a value's also against its square)
+            b = mine[:, j]
+            key = ("combination", _digest(b), tuple(_digest(c) for c in columns), min_cell, role != "label")
+            found = _verdict(key, lambda: _judge(b, columns, owners, role != "label", min_cell, key[1]))
+            if found:
+                what = name if mine.shape[1] == 1 and a.ndim == 1 else f"{name}[{j}]"
+                problems.append(f"{role} {what} is a combination of {', '.join(found)} but for fewer than "
+                                f"{min_cell} records here")
+    return problems
+
+
+def threshold_copies(site: SiteData, uses: Iterable[tuple[str, str]], policy: Any) -> list[str]:
+    """Run by each Site when a run starts: labels of an analysis that equal a threshold of a score of the policy
+    at an edge of the policy's exact bins (or its complement) but for 1..min_cell-1 records. The binned
+    analyses release how many records a score puts above each edge, so any total of the label (a GLM's sum y)
+    less that count is the number of records where the two disagree: a "high risk" flag set from the score but
+    overridden in one patient told that one override exists (316 against 317)."""
+    min_cell = policy.min_cell_count
+    grids = _grids(policy)
+    if min_cell <= 1 or not grids:
+        return []
+    roles = policy.roles
+    problems = []
+    for role, name in dict.fromkeys(uses):
+        if role != "label" or name not in site.arrays:
+            continue
+        y = np.asarray(site.arrays[name])
+        if y.ndim != 1 or not np.all((y == 0) | (y == 1)):
+            continue
+        scores = sorted(site.arrays) if roles is None else sorted(set(roles.get("score", ())) & set(site.arrays))
+        for other in scores:
+            s = np.asarray(site.arrays[other])
+            if other == name or s.shape != y.shape or s.dtype.kind not in "iuf" or not np.all(np.isfinite(s)):
+                continue
+
+            def near() -> bool:
+                for grid in grids:
+                    buckets = _buckets(s.astype(np.float64), grid)
+                    for edge in range(1, grid[2]):
+                        differ = int(np.count_nonzero(y != (buckets >= edge)))
+                        if 0 < differ < min_cell or 0 < y.size - differ < min_cell:
+                            return True
+                return False
+
+            if _verdict(("threshold", _digest(y), _digest(s), tuple(grids), min_cell), near):
+                problems.append(f"label {name} is a threshold of score {other} on the policy's bins but for "
+                                f"fewer than {min_cell} records here")
+    return problems

@@ -1,0 +1,365 @@
+"""Red team, round 4: a curious analyst against the sites' near-copy rules (`queries.copies`), differencing
+analyses over arrays that are related *several at a time* (embedded `Study.local`, the library API only).
+
+The near-copy rules compared arrays two at a time (equal, affine, same order, crossing grids, but for a few
+records). Totals are linear in the arrays, so any linear relation among the arrays an analyst may name
+differences into the records where it fails. Holes found (each gave one record's value exactly before the fix,
+`queries.combinations`, which fits each array of an analysis on the others that sum alike and on their
+squares, by least trimmed squares):
+
+* a composite outcome (death within 90 days) that is the sum of two exclusive ones (within 30 days, 31-90 days)
+  but in one record: three GLMs' first rounds gave that record's covariate (47.3000031 for the true 47.3);
+* a total dose that is the sum of two doses but in one record: three GLMs gave that record's label times
+  the discrepancy;
+* a weight that is the sum of two weights but in one record: three weighted GLMs gave that record's label;
+* a squared covariate (age_sq) that is age^2 but in one record: the GLM over age releases sum age^2 (its
+  scaling round), the GLM over age_sq sum age_sq: the record's discrepancy (and the smooth maps log, sqrt and
+  cube of a covariate are near a quadratic in it, so their sums were nearly known too).
+
+Attacks that held (no change needed), each checked here or in the earlier files:
+
+* weights 1e-9 everywhere but one record (or five), or one heavy weight over a smooth ramp: refused by the
+  weights' (n, k)-dominance rule; an indicator weight of nine records: refused by the cross-table rule (a
+  label class inside it is small);
+* copies differing in k >= min_cell_count records whose changes partly cancel: the differences are sums over
+  k >= min_cell_count records, and changes of unequal sizes leave the largest min_cell_count - 1 dominating,
+  which the affine rule refuses;
+* a label that is a threshold of a score but in one record: its calibration curve withholds the site's
+  small cell (the bin's remainder is the earlier red teams' concern);
+* missing values: an array holding a NaN is refused for any role, so a NaN cannot mask a record out of one
+  of two sums;
+* refusals: the text names the rule and the arrays, never a count or a value (asserted below for every hole:
+  one text whatever the record holds). A verdict is a deterministic function of the arrays the policy names
+  (cached by their digests), not of anything the analyst sends but which array it asks about, so asking
+  again gives the same bit: at most one bit per array and rule, which cannot be iterated into a record (the
+  analyst proposes names, never arrays).
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections import defaultdict
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import secagg_roc as sr
+from secagg_roc import Policy
+from secagg_roc.queries import SiteData
+from secagg_roc.queries.combinations import near_combinations
+
+Q = 5  # the default policy's min_cell_count
+
+
+class Spy:
+    """Every total the analyst receives, by run; the last refusal."""
+
+    def __init__(self, study):
+        self.study, self.runs, self.error = study, defaultdict(list), None
+        aggregate = study.aggregate
+
+        def agg(query, params=None, *, frac_bits=None):
+            totals = aggregate(query, params, frac_bits=frac_bits)
+            self.runs[(params or {}).get("run")].append((query, totals))
+            return totals
+
+        study.aggregate = agg
+
+    def glm_sums(self, label: str, covariate: str, weights: str | None = None) -> dict[str, float] | None:
+        """sum w, sum w y, sum w x, sum w y x and sum x^2 decoded from a logit GLM's first rounds (beta = 0),
+        or None if the run released nothing beyond its join."""
+        before = set(self.runs)
+        self.error = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                sr.fit_glm(self.study, label, covariate, weights=weights, max_iter=1)
+            except sr.SecAggError as exc:
+                self.error = exc
+        got: dict = {}
+        for run in [r for r in self.runs if r not in before]:
+            for query, totals in self.runs[run]:
+                got.setdefault(query, totals)
+        if "glm.fisher" not in got:
+            return None
+        rows = float(np.ravel(got["glm.means"]["rows"])[0])
+        c = float(np.ravel(got["glm.means"]["sum"])[0]) / rows
+        ssd = float(np.ravel(got["glm.ssd"]["ssd"])[0])
+        s = np.sqrt(ssd / rows)
+        score, info = np.ravel(got["glm.fisher"]["score"]), np.ravel(got["glm.fisher"]["info"])
+        sw = 4 * info[0]
+        swy = score[0] + sw / 2
+        swx = 4 * s * info[1] + c * sw
+        return {"w": sw, "wy": swy, "wx": swx, "wyx": s * score[1] + c * swy + 0.5 * (swx - c * sw),
+                "xx": ssd + rows * c * c}
+
+    def released(self) -> list[str]:
+        return [q for run in self.runs.values() for q, _ in run if q != "run.join"]
+
+    def refusal(self) -> str:
+        return re.sub(r"run '[0-9a-f]+'", "run R", str(self.error))
+
+
+def _differences(spy: Spy, labels: tuple[str, str, str], covariates: tuple[str, str, str],
+                 weights: tuple[str | None, str | None, str | None] = (None, None, None)) -> dict | None:
+    """Totals of the third analysis minus those of the first two (None if any was refused)."""
+    sums = [spy.glm_sums(y, x, w) for y, x, w in zip(labels, covariates, weights)]
+    if any(s is None for s in sums):
+        return None
+    return {k: sums[2][k] - sums[0][k] - sums[1][k] for k in sums[0]}
+
+
+# -- 1. a composite outcome beside its two exclusive parts ----------------------------------------------------
+
+
+def _composite(age: float, exact: bool = False) -> dict:
+    rng = np.random.default_rng(1)
+    out = {}
+    for k in range(3):
+        cls = np.arange(60) % 3  # alive, dead within 30 days, dead within 31-90 days
+        d30, d31 = (cls == 1).astype(np.int64), (cls == 2).astype(np.int64)
+        out[f"h{k}"] = {"d30": d30, "d31_90": d31, "d90": d30 + d31, "age": np.round(rng.normal(60, 10, 60), 1)}
+    if not exact:
+        out["h1"]["d90"][0] = 1  # record 0 is alive by both parts, coded dead within 90 days
+    out["h1"]["age"][0] = age
+    return out
+
+
+_COMPOSITE_POLICY = Policy(roles={"label": ["d30", "d31_90", "d90"], "covariate": ["age"]})
+
+
+def test_a_composite_outcome_off_its_parts_in_one_record_does_not_give_that_records_covariate():
+    # Every pair of the three labels differs in 60 records a site, so the pairwise rules saw nothing. The three
+    # GLMs' first rounds gave sum d90 - sum d30 - sum d31_90 = 1.0 and the same of y * age = 47.3000031 and
+    # 71.9000076 for the true 47.3 and 71.9: the record's age, and that its codes disagree.
+    texts = set()
+    for age in (47.3, 71.9):
+        spy = Spy(sr.Study.local(_composite(age), policy=_COMPOSITE_POLICY))
+        diff = _differences(spy, ("d30", "d31_90", "d90"), ("age",) * 3)
+        assert diff is None or abs(diff["wyx"] - age) > 1.0
+        assert spy.released() == []
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "label d90 is a combination of d30, d31_90 but for " \
+        "fewer than 5 records" in text
+    assert "47.3" not in text and "71.9" not in text
+
+
+# -- 2. a total beside its two parts, as covariates and as weights -----------------------------------------------
+
+
+def _doses(label: int, as_weights: bool = False, exact: bool = False) -> dict:
+    rng = np.random.default_rng(3)
+    out = {}
+    for k in range(3):
+        a, b = np.round(rng.uniform(1, 5, 60), 2), np.round(rng.uniform(1, 5, 60), 2)
+        out[f"h{k}"] = {"y": np.arange(60) % 2, "a": a, "b": b, "total": a + b, "x": rng.normal(size=60)}
+    if not exact:
+        out["h1"]["total"][7] += 2.0
+    out["h1"]["y"][7] = label
+    return out
+
+
+def test_a_total_off_the_sum_of_its_parts_in_one_record_does_not_give_that_records_label():
+    # sum total - sum a - sum b = 2.0 and the same of y * x = 2.0 * label (the three GLMs' first rounds).
+    texts = set()
+    policy = Policy(roles={"label": ["y"], "covariate": ["a", "b", "total"]})
+    for label in (0, 1):
+        spy = Spy(sr.Study.local(_doses(label), policy=policy))
+        diff = _differences(spy, ("y",) * 3, ("a", "b", "total"))
+        assert diff is None or abs(diff["wyx"] / diff["wx"] - label) > 0.5
+        assert spy.released() == []
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "is a combination of" in text
+
+
+def test_a_weight_off_the_sum_of_two_weights_in_one_record_does_not_give_that_records_label():
+    # Three weighted GLMs over one covariate: sum w y differences into 2.0 * label.
+    texts = set()
+    policy = Policy(roles={"label": ["y"], "covariate": ["x"], "weight": ["a", "b", "total"]})
+    for label in (0, 1):
+        spy = Spy(sr.Study.local(_doses(label), policy=policy))
+        diff = _differences(spy, ("y",) * 3, ("x",) * 3, ("a", "b", "total"))
+        assert diff is None or abs(diff["wy"] / diff["w"] - label) > 0.5
+        assert spy.released() == []
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "is a combination of" in text
+
+
+# -- 3. a squared covariate off in one record ---------------------------------------------------------------------
+
+
+def test_a_squared_covariate_off_in_one_record_does_not_give_its_discrepancy():
+    # The GLM over age scales by sum (age - c)^2, so sum age^2 is released; the GLM over age_sq releases
+    # sum age_sq. Their difference was the record's age_sq - age^2 (a value recomputed from a corrected age).
+    texts = set()
+    for new_age in (52.0, 75.0):
+        rng = np.random.default_rng(2)
+        data = {f"h{k}": {"y": np.arange(40) % 2, "age": np.round(rng.normal(60, 10, 40), 1)} for k in range(3)}
+        for site in data.values():
+            site["age_sq"] = site["age"] ** 2
+        data["h1"]["age_sq"][7] = new_age ** 2
+        truth = new_age ** 2 - data["h1"]["age"][7] ** 2
+        spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["age", "age_sq"]})))
+        first, second = spy.glm_sums("y", "age"), spy.glm_sums("y", "age_sq")
+        assert first is None or second is None or abs(second["wx"] - first["xx"] - truth) > 0.1 * abs(truth)
+        # (age itself is no quadratic in age_sq, so its GLM runs: alone, sum age^2 is no record's)
+        assert second is None and spy.released() == ["glm.means", "glm.ssd", "glm.fisher", "glm.fisher"]
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "is a combination of age" in text
+
+
+# -- 4. an interaction column, a label that is the AND of two, a flag that is a threshold of the score -----------------
+
+
+def _sum_of_product(spy: Spy, a: str, b: str) -> float:
+    """sum a * b decoded from a logit GLM over [a, b]: its information at beta = 0 is sum z z' / 4."""
+    before = set(spy.runs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sr.fit_glm(spy.study, "y", [a, b], max_iter=1)
+    got: dict = {}
+    for run in [r for r in spy.runs if r not in before]:
+        for query, totals in spy.runs[run]:
+            got.setdefault(query, totals)
+    rows = float(np.ravel(got["glm.means"]["rows"])[0])
+    c = np.ravel(got["glm.means"]["sum"]) / rows
+    s = np.sqrt(np.ravel(got["glm.ssd"]["ssd"]) / rows)
+    info = np.asarray(got["glm.fisher"]["info"]).reshape(3, 3)
+    return float(4 * info[1, 2] * s[0] * s[1] + rows * c[0] * c[1])
+
+
+def test_an_interaction_column_off_in_one_record_does_not_give_its_discrepancy():
+    # age_x_sex = age * sex but in one record. The GLM over [age, sex] releases sum age * sex (its information
+    # matrix at beta = 0), the GLM over age_x_sex sum age_x_sex: their difference was that record's discrepancy.
+    texts = set()
+    for shift in (3.0, 8.0):
+        rng = np.random.default_rng(6)
+        data = {}
+        for k in range(3):
+            age, sex = np.round(rng.normal(60, 10, 40), 1), (np.arange(40) // 2) % 2
+            data[f"h{k}"] = {"y": np.arange(40) % 2, "age": age, "sex": sex, "age_x_sex": age * sex}
+        data["h1"]["age_x_sex"][6] += shift  # (a record with sex 1)
+        spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["age", "sex", "age_x_sex"]})))
+        product = _sum_of_product(spy, "age", "sex")
+        got = spy.glm_sums("y", "age_x_sex")
+        assert got is None or abs(got["wx"] - product - shift) > 1.0
+        assert got is None and spy.released() == ["glm.means", "glm.ssd", "glm.fisher", "glm.fisher"]
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "covariate age_x_sex is a combination of age, sex" in text
+
+
+def test_a_label_that_is_the_and_of_two_labels_but_in_one_record_does_not_give_its_covariate():
+    # died_after_readmission = died AND readmitted but in one record. With readmitted also a weight, the weighted
+    # GLM of died gave sum died * readmitted and the same times x; the GLM of the composite its sums: their
+    # difference was +-1 and that record's x.
+    texts = set()
+    for x_value in (-1.25, 2.5):
+        rng = np.random.default_rng(8)
+        data = {}
+        for k in range(3):
+            died, readm = np.arange(60) % 2, (np.arange(60) // 2) % 2
+            data[f"h{k}"] = {"died": died, "readm": readm, "both": died * readm, "x": np.round(rng.normal(size=60), 3)}
+        data["h1"]["both"][1] = 1  # died, not readmitted: coded as both
+        data["h1"]["x"][1] = x_value
+        spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["died", "readm", "both"], "covariate": ["x"],
+                                                            "weight": ["readm"]})))
+        part, whole = spy.glm_sums("died", "x", "readm"), spy.glm_sums("both", "x")
+        assert part is None or whole is None or abs((whole["wyx"] - part["wyx"]) - x_value) > 0.5
+        assert whole is None and spy.released() == ["glm.means", "glm.ssd", "glm.fisher", "glm.fisher"]
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "label both is a combination of died, readm" in text
+
+
+def _flagged(override: bool) -> dict:
+    rng = np.random.default_rng(4)
+    data = {}
+    for k in range(3):
+        y, p = rng.integers(0, 2, 200), np.round(rng.random(200), 4)
+        data[f"h{k}"] = {"y": y, "p": p, "flag": (p >= 0.5).astype(np.int64), "age": np.round(rng.normal(60, 10, 200), 1)}
+    if override:
+        data["h1"]["flag"][np.flatnonzero(data["h1"]["p"] >= 0.5)[0]] = 0
+    return data
+
+
+_FLAG_POLICY = Policy(roles={"label": ["y", "flag"], "score": ["p"], "covariate": ["age"]}, histogram_bins=10)
+
+
+def test_a_flag_that_is_a_threshold_of_the_score_but_in_one_record_does_not_tell_that_one_override_exists():
+    # "high risk" = p >= 0.5 but overridden in one patient. The histogram of (y, p) gave how many records score
+    # 0.5 or more (317); the flag's GLM its sum (316): one override exists, a cell of one record.
+    texts = set()
+    for override in (True, False):
+        spy = Spy(sr.Study.local(_flagged(override), policy=_FLAG_POLICY))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h = sr.score_histogram(spy.study, "y", "p")
+        above = float(np.sum(np.asarray(h.negatives)[5:]) + np.sum(np.asarray(h.positives)[5:]))
+        got = spy.glm_sums("flag", "age")
+        if override:
+            assert got is None or got["wy"] == above  # nothing tells the override apart
+            texts.add(spy.refusal())
+        else:
+            assert got is not None and got["wy"] == above, spy.error  # an exact threshold: the flag is used
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "label flag is a threshold of score p" in text
+
+
+# -- honest uses still run ------------------------------------------------------------------------------------------
+
+
+def test_exact_composites_totals_and_squares_are_all_used():
+    spy = Spy(sr.Study.local(_composite(50.0, exact=True), policy=_COMPOSITE_POLICY))
+    for label in ("d30", "d31_90", "d90"):
+        assert spy.glm_sums(label, "age") is not None, spy.error
+    spy = Spy(sr.Study.local(_doses(1, exact=True), policy=Policy(roles={"label": ["y"],
+                                                                         "covariate": ["a", "b", "total"]})))
+    for covariate in ("a", "b", "total"):
+        assert spy.glm_sums("y", covariate) is not None, spy.error
+    rng = np.random.default_rng(2)
+    data = {f"h{k}": {"y": np.arange(40) % 2, "age": np.round(rng.normal(60, 10, 40), 1)} for k in range(3)}
+    for site in data.values():
+        site["age_sq"], site["log_age"] = site["age"] ** 2, np.log(site["age"])
+    spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["age", "age_sq", "log_age"]})))
+    for covariate in ("age", "age_sq", "log_age"):
+        assert spy.glm_sums("y", covariate) is not None, spy.error
+
+
+# -- the rule itself --------------------------------------------------------------------------------------------------
+
+
+def _roles(role: str):
+    return lambda r: None
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(40, 300), parts=st.integers(2, 4), moved=st.integers(1, Q - 1))
+def test_a_combination_of_several_arrays_but_for_a_few_records_is_refused_and_unrelated_arrays_are_not(
+        seed, n, parts, moved):
+    rng = np.random.default_rng(seed)
+    arrays = {f"c{i}": rng.lognormal(0, 0.5, n) if i % 2 else rng.normal(0, 1, n) for i in range(parts)}
+    coef = rng.uniform(0.5, 2.0, parts) * rng.choice([-1, 1], parts)
+    b = 3.0 + sum(c * arrays[f"c{i}"] for i, c in enumerate(coef))
+    honest = SiteData("h", {**arrays, "b": b.copy()})
+    assert near_combinations(honest, [("covariate", "b")], Q, _roles("covariate")) == []  # an exact combination
+    b[rng.choice(n, moved, replace=False)] += rng.uniform(1.0, 3.0, moved) * float(np.std(b)) * \
+        rng.choice([-1, 1], moved)
+    (problem,) = near_combinations(SiteData("h", {**arrays, "b": b}), [("covariate", "b")], Q, _roles("covariate"))
+    assert problem.startswith("covariate b is a combination of c0")
+    unrelated = SiteData("h", {**arrays, "b": rng.standard_t(3, n)})
+    assert near_combinations(unrelated, [("covariate", "b")], Q, _roles("covariate")) == []
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(30, 200), labels=st.integers(2, 5))
+def test_unrelated_labels_are_no_combination_of_one_another(seed, n, labels):
+    rng = np.random.default_rng(seed)
+    arrays = {f"y{i}": rng.integers(0, 2, n) for i in range(labels)}
+    assert near_combinations(SiteData("h", arrays), [("label", "y0")], Q, _roles("label")) == []
