@@ -278,6 +278,31 @@ def test_a_label_that_is_the_and_of_two_labels_but_in_one_record_does_not_give_i
     assert "site 'h1' does not take part" in text and "label both is a combination of died, readm" in text
 
 
+def test_a_covariate_that_is_another_plus_a_multiple_of_the_label_but_in_one_record_does_not_give_its_label():
+    # b = a + 2 y but in one record (arrays of other roles: the label was compared with labels only, and the
+    # pairwise rules need two arrays). The GLMs over a and over b gave sum b - sum a - 2 sum y = d and
+    # sum y b - sum y a - 2 sum y = y d: the record's label.
+    texts = set()
+    for label in (0, 1):
+        rng = np.random.default_rng(9)
+        data = {}
+        for k in range(3):
+            y, a = np.arange(40) % 2, np.round(rng.normal(5, 1, 40), 2)
+            data[f"h{k}"] = {"y": y, "a": a, "b": a + 2 * y}
+        data["h1"]["y"][7] = label
+        data["h1"]["b"] = data["h1"]["a"] + 2 * data["h1"]["y"]
+        data["h1"]["b"][7] += 1.5
+        spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["a", "b"]})))
+        first, second = spy.glm_sums("y", "a"), spy.glm_sums("y", "b")
+        if first is not None and second is not None:
+            d = second["wx"] - first["wx"] - 2 * first["wy"]
+            assert abs((second["wyx"] - first["wyx"] - 2 * first["wy"]) / d - label) > 0.5
+        assert second is None and first is None and spy.released() == []
+        texts.add(spy.refusal())
+    (text,) = texts
+    assert "site 'h1' does not take part" in text and "covariate b is a combination of a, y" in text
+
+
 def _flagged(override: bool) -> dict:
     rng = np.random.default_rng(4)
     data = {}

@@ -111,15 +111,18 @@ class SiteRuns:
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
+
+        def role_arrays(role: str) -> Any:
+            return None if roles is None else roles.get(role, ())
+
         if not problems:
             problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
-            role_arrays = lambda role: None if roles is None else roles.get(role, ())  # noqa: E731
             problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
-            if not problems:  # (several arrays at once: a composite outcome beside its parts)
-                problems += near_combinations(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
-                problems += threshold_copies(data, plan.uses(canon), self.policy)
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
+        if not problems:  # (several arrays at once, after the pairs: a composite outcome beside its parts)
+            problems += near_combinations(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
+            problems += threshold_copies(data, plan.uses(canon), self.policy)
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
             raise SiteQueryError(

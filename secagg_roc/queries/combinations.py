@@ -45,6 +45,9 @@ C_STEPS = 8
 #: Starts from fixed random elemental subsets (p + 1 records) beside the least squares start: with 4 records
 #: off among 40 and 9 columns, one in three holds none of them, and 20 starts miss them all once in a thousand.
 EXTRA_STARTS = 20
+#: A label agrees with a threshold of a score but for fewer than n / CHANCE_SHARE records by chance (an outcome
+#: and a score of 20 records, on 30 edges) too rarely to refuse it; a flag set from the score agrees that far.
+CHANCE_SHARE = 10
 #: The most terms (columns, their squares and products) fitted at once; beyond, each pair of columns alone.
 MAX_TERMS = 48
 #: A combination must hold on all but min_cell - 1 records to this share of its largest miss: several smooth
@@ -74,25 +77,31 @@ def _trimmed_fit(M: np.ndarray, b: np.ndarray, k: int, seed: bytes) -> np.ndarra
         r = b - M @ coef
         return coef + _solve(Gk, M.T @ r - Mo.T @ r[out])
 
+    def trimmed_loss(coef: np.ndarray) -> tuple[float, np.ndarray]:
+        r = np.abs(b - M @ coef)
+        dropped = np.argpartition(r, n - k)[n - k:]  # the k records the fit misses most
+        return float(r.sum() - r[dropped].sum()), np.sort(dropped)
+
+    # Elemental starts (p + 1 records: the likeliest to miss the few) are ranked by their own trimmed loss, and
+    # C-steps run from the best of them and from the full fit only (each C-step reads every record).
     rng = np.random.default_rng(int.from_bytes(seed[:8], "little"))
-    starts = [fit(np.zeros(0, dtype=np.int64))]
+    elemental = []
     for _ in range(EXTRA_STARTS):
-        subset = rng.choice(n, size=min(n, p + 1), replace=False)  # elemental: the likeliest to miss the few
+        subset = rng.choice(n, size=min(n, p + 1), replace=False)
         Ms = M[subset]
-        starts.append(_solve(Ms.T @ Ms, Ms.T @ b[subset]))
+        coef = _solve(Ms.T @ Ms, Ms.T @ b[subset])
+        elemental.append((trimmed_loss(coef)[0], coef))
+    starts = [fit(np.zeros(0, dtype=np.int64))] + [min(elemental, key=lambda x: x[0])[1]] * bool(elemental)
     best, best_loss = starts[0], np.inf
     scale = float(np.abs(b).max(initial=0.0)) or 1.0
     for coef in starts:
-        dropped = None
+        loss, dropped = trimmed_loss(coef)
         for _ in range(C_STEPS):
-            r = np.abs(b - M @ coef)
-            now = np.sort(np.argpartition(r, n - k)[n - k:])  # the k records the fit misses most
-            if dropped is not None and np.array_equal(now, dropped):
+            coef = fit(dropped)
+            loss, now = trimmed_loss(coef)
+            if np.array_equal(now, dropped):
                 break
             dropped = now
-            coef = fit(dropped)
-        r = np.abs(b - M @ coef)
-        loss = float(r.sum() - np.sort(r)[n - k:].sum())
         if loss < best_loss:
             best, best_loss = coef, loss
         if loss <= 1e-9 * scale:
@@ -116,6 +125,10 @@ def _near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: byt
     live = scale > 0
     M = np.hstack([np.ones((n, 1)), (basis[:, live] - center[live]) / scale[live]])
     coef = _trimmed_fit(M, b, k, seed)
+    # Settled by one accurate least squares over the records it keeps: the normal equations square the
+    # condition of near-collinear terms (age, age^2, age log age), whose float noise must not look like a miss.
+    kept = np.argsort(np.abs(b - M @ coef), kind="stable")[: n - k]
+    coef = np.linalg.lstsq(M[kept], b[kept], rcond=None)[0]
     fit = M @ coef
     residual = b - fit
     floor = RESOLUTION * max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300) * np.sqrt(M.shape[1])
@@ -140,15 +153,15 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1).astype(np.float64)
 
 
-def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int], values: bool
+def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int]
            ) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
     """The columns `used`, their pairwise products (sums of them are a GLM's information: an interaction
-    column; for labels, one outcome AND another) and, for values, their squares (a 0/1 column is its own)."""
+    column; of two labels, one outcome AND another) and their squares (a 0/1 column is its own)."""
     used = list(used)
     cols = [columns[i] for i in used]
     names = [(owners[i],) for i in used]
     for x, i in enumerate(used):
-        for j in used[x + (0 if values else 1):]:
+        for j in used[x:]:
             product = columns[i] * columns[j]
             if i == j and np.all((columns[i] == 0) | (columns[i] == 1)):
                 continue
@@ -157,14 +170,14 @@ def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int], va
     return cols, names
 
 
-def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], values: bool, min_cell: int,
-           seed: bytes) -> list[str] | None:
+def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes
+           ) -> list[str] | None:
     """The arrays of a combination that `b` is near (see the module docstring), or None."""
     k = max(1, min_cell - 1)
     n = b.size
     scale = float(np.abs(b - np.median(b)).mean()) or 1.0
     m = len(columns)
-    full = m + m * (m + 1) // 2 if values else m + m * (m - 1) // 2
+    full = m + m * (m + 1) // 2
 
     def fits(terms: int) -> bool:
         return n - k >= RECORDS_PER_COLUMN * (terms + 1) and terms <= MAX_TERMS
@@ -175,7 +188,7 @@ def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], values: 
         groups = [(range(m), False)] if fits(m) else []
         groups += [(used, True) for used in ([(0,)] if m == 1 else combinations(range(m), 2))]
     for used, quadratic in groups:
-        cols, names = _terms(columns, owners, used, values) if quadratic else \
+        cols, names = _terms(columns, owners, used) if quadratic else \
             ([columns[i] for i in used], [(owners[i],) for i in used])
         coef = _near_combination(b, np.column_stack(cols), min_cell, seed)
         if coef is not None:
@@ -193,7 +206,6 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
         return []
     named = [role_arrays(role) for role in ROLES]
     every = None if any(names is None for names in named) else {a for names in named for a in names}
-    labels = set(role_arrays("label") or ())
     problems: list[str] = []
     seen: set[tuple[str, str]] = set()
     for role, name in uses:
@@ -204,14 +216,10 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
         if a.ndim == 0 or not _usable(a, a.shape[0]):
             continue
         n = a.shape[0]
-        if every is None:  # no roles: a label against the 0/1 arrays, anything else against the others
-            zero_one = role == "label"
-            others = [o for o in sorted(site.arrays) if o != name and _usable(np.asarray(site.arrays[o]), n)
-                      and bool(np.all(np.isin(np.asarray(site.arrays[o]), (0, 1)))) == zero_one]
-        else:
-            pool = labels if role == "label" else every - labels
-            others = [o for o in sorted(pool & set(site.arrays)) if o != name
-                      and _usable(np.asarray(site.arrays[o]), n)]
+        # Every array the policy names, whatever its role: a covariate that is another plus a label's multiple
+        # but in one record gave that record's label from two GLMs (sum y a is the first's, sum y b the other's).
+        pool = set(site.arrays) if every is None else every & set(site.arrays)
+        others = [o for o in sorted(pool) if o != name and _usable(np.asarray(site.arrays[o]), n)]
         mine = _flat(a)
         for j in range(mine.shape[1]):
             columns, owners = [], []
@@ -223,11 +231,11 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
                 if i != j:
                     columns.append(mine[:, i])
                     owners.append(f"{name}[{i}]")
-            if len(columns) < (2 if role == "label" else 1):
-                continue  # one other label: `copies` judges that pair (a value's also against its square)
+            if not columns:
+                continue
             b = mine[:, j]
-            key = ("combination", _digest(b), tuple(_digest(c) for c in columns), min_cell, role != "label")
-            found = _verdict(key, lambda: _judge(b, columns, owners, role != "label", min_cell, key[1]))
+            key = ("combination", _digest(b), tuple(_digest(c) for c in columns), min_cell)
+            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1]))
             if found:
                 what = name if mine.shape[1] == 1 and a.ndim == 1 else f"{name}[{j}]"
                 problems.append(f"{role} {what} is a combination of {', '.join(found)} but for fewer than "
@@ -264,7 +272,8 @@ def threshold_copies(site: SiteData, uses: Iterable[tuple[str, str]], policy: An
                     buckets = _buckets(s.astype(np.float64), grid)
                     for edge in range(1, grid[2]):
                         differ = int(np.count_nonzero(y != (buckets >= edge)))
-                        if 0 < differ < min_cell or 0 < y.size - differ < min_cell:
+                        differ = min(differ, y.size - differ)  # (or the complement of the threshold)
+                        if 0 < differ < min_cell and differ < y.size / CHANCE_SHARE:
                             return True
                 return False
 
