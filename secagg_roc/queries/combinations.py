@@ -1,30 +1,44 @@
-"""Near combinations: an array that is a linear combination of *several* other arrays the policy names (and of
-their squares) except on a few records, checked by each Site when a run starts.
+"""Near combinations: an array that is a combination of *several* other arrays the policy names (with their
+squares and products) except on a few records, and a label that is a threshold of a score except on a few;
+checked by each Site when a run starts.
 
 `copies` compares arrays two at a time. A difference of totals needs no pair: a composite outcome (death within
 90 days) that is the sum of two exclusive ones (within 30 days, 31 to 90 days) but in one record gave, from
 three GLMs' first rounds, ``sum y90 x - sum y30 x - sum y31_90 x``: that record's covariate, exactly. Each
-pair of those labels differs in some 60 records, so no pairwise rule saw it. The same holds for a total dose
-beside its parts, a spline basis beside the covariate it was built from, and a squared covariate beside the
-covariate (a GLM's information matrix releases ``sum x^2``): every total linear in the arrays of an analysis
-can be differenced against the same totals of the others.
+pair of those labels differs in some 60 records, so no pairwise rule saw it. The same held for a total dose
+beside its parts (as covariates or as weights), a covariate beside another plus a multiple of the label, a
+squared or an interaction column beside its covariates (a GLM's information matrix releases ``sum x z``), and
+a label that is the AND of two others: every total linear in the arrays of an analysis can be differenced
+against the same totals of the others, and against the products a GLM releases.
 
-So a site fits each column of an analysis's arrays on an intercept, every column of the other arrays that sum
-alike (as `copies.near_copies` chooses them: a label against the labels; a score, covariate or weight against
-every array of those roles) and, for values, their squares, by least trimmed squares (C-steps from a least
-squares start and from fixed elemental subsets): the fit that explains all but ``min_cell - 1`` records best. The
-array is a near combination, and the site does not join, when that fit's residual over every record is not
-zero, is smaller than the array's own spread, its largest ``min_cell - 1`` entries hold more than
-(min_cell - 1) / min_cell of it (`copies`' rule for one map, here for a combination), and every other entry is
-at most `EXACT_SHARE` of its largest: the combination holds on the other records, to float noise or a rounding
-of the arrays, not merely as an approximation (log age is near a combination of age and its square, off most
-at the extremes). An exact combination (a composite outcome coded consistently) is no near combination: its
-differences give nothing.
+So a site fits each column of an analysis's arrays on an intercept, every column of the other arrays the
+policy names (any role: a label's multiple inside a covariate differences as well) and their squares and
+pairwise products, by least trimmed squares (C-steps from the least squares fit and from the best of
+`EXTRA_STARTS` fixed elemental subsets, settled by one least squares over the records kept): the fit that
+explains all but ``min_cell - 1`` records best. The array is a near combination, and the site does not join,
+when that fit's residual over every record is not zero, is smaller than the array's own spread, its largest
+``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of it (`copies`' rule for one map, here for
+a combination), every other entry is at most `EXACT_SHARE` of its largest, and its median is float noise
+(`IDENTITY`) while its largest is not (`MATERIAL`): the combination is an identity of the data but on a few records, not an approximation (sqrt age
+is a quadratic in age and log age to 6e-9 of its size, off most at the extremes). Smooth maps that are no
+finite combination (log or sqrt of a covariate the site also holds) are therefore not refused: a record off
+one of them is learned only up to the error of approximating their sum from released moments; nor is a
+combination that holds only up to a rounding of the arrays (a total rounded to fewer decimals than its parts).
+An exact combination (a composite outcome coded consistently) is no near combination: its differences give
+nothing.
 
-A fit needs at least four records per column beside the ``min_cell - 1`` it may leave out (fewer fit some
-combination by chance); with more columns than that, the site fits each pair of other columns (with an
-intercept) and each column with its square instead. The refusal names the arrays of the combination and the
-rule, never a count or a value.
+A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out, and
+takes at most `MAX_TERMS` terms; beyond, the site fits every column alone (without products), and each pair of
+columns with their squares and product. (A combination of three or more arrays together with products among
+them, at a site too small for the full fit, is not seen.)
+
+The binned analyses (histogram, uniform calibration curve) release how many records a score puts above each
+edge of the policy's grids, and any analysis of a label its total: a label equal to such a threshold (or its
+complement) but for 1..min_cell-1 records, and for fewer than a tenth of the site's records (an outcome agrees
+that far with a score by chance too rarely), is refused too (`threshold_copies`): a "high risk" flag set from
+the score but overridden in one patient told that one override exists.
+
+The refusals name the arrays and the rule, never a count or a value.
 """
 
 from __future__ import annotations
@@ -50,9 +64,18 @@ EXTRA_STARTS = 20
 CHANCE_SHARE = 10
 #: The most terms (columns, their squares and products) fitted at once; beyond, each pair of columns alone.
 MAX_TERMS = 48
-#: A combination must hold on all but min_cell - 1 records to this share of its largest miss: several smooth
-#: transforms of one covariate approximate another (age by age^2 and log age to 1e-4 years) with misses that
-#: are largest at the extremes (4e-2), which is an approximation, not a record off an identity.
+#: An identity of the data holds on the records it keeps to float noise: their median miss is at most this
+#: fraction of the arrays' magnitude (1e-16 to 2e-15 in the attacks played), where a close approximation misses
+#: them all by more (sqrt age by a quadratic in age and log age: 6e-9 and above).
+IDENTITY = 1e-12
+#: A miss below this fraction of the arrays' magnitude is no record's value: 14 smooth terms in age fit sqrt age
+#: to float noise (median 1e-13) but for up to 4e-8 of it at the extremes. (A record off an identity by less is
+#: not seen.)
+MATERIAL = 1e-6
+#: A combination must hold on all but min_cell - 1 records to this share of its largest miss, and exactly (to
+#: float noise) on at least half the records: several smooth transforms of one covariate approximate another
+#: (age by age^2 and log age to 1e-4 years, misses largest at the extremes: 4e-2), which is an approximation,
+#: not a record off an identity.
 EXACT_SHARE = 1e-4
 
 
@@ -131,13 +154,17 @@ def _near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: byt
     coef = np.linalg.lstsq(M[kept], b[kept], rcond=None)[0]
     fit = M @ coef
     residual = b - fit
-    floor = RESOLUTION * max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300) * np.sqrt(M.shape[1])
+    top = max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300)
+    floor = RESOLUTION * top * np.sqrt(M.shape[1])
     residual = np.where(np.abs(residual) <= floor, 0.0, residual)
     if not (float(np.abs(residual).sum()) <= NEAR_SHARE * spread and _dominated(residual, k)):
         return None
     size = np.sort(np.abs(residual))[::-1]
-    if size[k] > EXACT_SHARE * size[0]:
-        return None  # a smooth approximation (log age by age and its square), off most at the extremes
+    if float(np.median(np.abs(b - fit))) > IDENTITY * top or size[k] > EXACT_SHARE * size[0] \
+            or size[0] < MATERIAL * top:
+        # A smooth approximation (sqrt age by a quadratic in age and log age, or a spline basis), off most at the
+        # extremes: no identity of the data, which holds on the other records to float noise.
+        return None
     out = np.zeros(p + 1)
     out[0] = coef[0]
     out[1:][live] = coef[1:]
