@@ -17,8 +17,10 @@ their squares and products, by least trimmed squares; and labels against thresho
   the column its sum: their difference was the record's discrepancy;
 * a label that is the AND of two labels but in one record (one of them also a weight): a weighted and a plain
   GLM gave that record's covariate;
-* a "high risk" flag set from the score (p >= 0.5) but overridden in one patient: the histogram's counts above
-  0.5 (317) less the flag's GLM total (316) told that one override exists, a cell of one.
+
+Not fixed (a strict xfail below says how it would be): a "high risk" flag set from the score (p >= 0.5) but
+overridden in one patient: the histogram's counts above 0.5 (317, from a histogram of another label) less the
+flag's GLM total (316) tell that one override exists, a cell of one.
 
 Attacks that held (no change needed), each checked here or in the earlier files:
 
@@ -49,6 +51,7 @@ import warnings
 from collections import defaultdict
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -324,6 +327,17 @@ def _flagged(override: bool) -> dict:
 _FLAG_POLICY = Policy(roles={"label": ["y", "flag"], "score": ["p"], "covariate": ["age"]}, histogram_bins=10)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "VULN: a label's total (any analysis) less the counts above an edge that a Federated histogram or uniform "
+    "calibration curve of ANOTHER label releases is the label's cross-table with the threshold off its "
+    "diagonal: a flag set from the score and overridden in one patient tells that one override exists. A "
+    "site-side rule (refuse a label equal to a threshold of a score on the policy's bins but for 1..q-1 "
+    "records) was built and dropped: it refused honest sharp models (a calibrated score near 0 and 1, whose "
+    "few confident misses are the same small cell). The fix belongs to the binned analyses: a site releases a "
+    "bucket's or bin's count only where, for EVERY label the policy names, the label's classes above and below "
+    "each edge hold 0 or >= min_cell_count records at the site (a cumulative cell rule over all labels, not "
+    "only the run's), withholding otherwise as it withholds small cells today; that changes what the "
+    "histogram and calibration protocols release (score-histograms.toml, declared-analysis.toml)."))
 def test_a_flag_that_is_a_threshold_of_the_score_but_in_one_record_does_not_tell_that_one_override_exists():
     # "high risk" = p >= 0.5 but overridden in one patient. The histogram of (y, p) gave how many records score
     # 0.5 or more (317); the flag's GLM its sum (316): one override exists, a cell of one record.
@@ -336,12 +350,10 @@ def test_a_flag_that_is_a_threshold_of_the_score_but_in_one_record_does_not_tell
         above = float(np.sum(np.asarray(h.negatives)[5:]) + np.sum(np.asarray(h.positives)[5:]))
         got = spy.glm_sums("flag", "age")
         if override:
-            assert got is None or got["wy"] == above  # nothing tells the override apart
-            texts.add(spy.refusal())
+            texts.add(got is None or got["wy"] == above)  # True: nothing tells the override apart
         else:
             assert got is not None and got["wy"] == above, spy.error  # an exact threshold: the flag is used
-    (text,) = texts
-    assert "site 'h1' does not take part" in text and "label flag is a threshold of score p" in text
+    assert texts == {True}
 
 
 # -- honest uses still run ------------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
-from ..queries.combinations import near_combinations, threshold_copies
+from ..queries.combinations import near_combinations
 from ..queries.copies import near_copies
 from ..queries.groups import label_problems
 from ..queries.run import run_step
@@ -122,7 +122,6 @@ class SiteRuns:
             problems += plan.data_check(data, canon, self.policy)
         if not problems:  # (several arrays at once, after the pairs: a composite outcome beside its parts)
             problems += near_combinations(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
-            problems += threshold_copies(data, plan.uses(canon), self.policy)
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
             raise SiteQueryError(

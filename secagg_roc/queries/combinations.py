@@ -1,6 +1,5 @@
 """Near combinations: an array that is a combination of *several* other arrays the policy names (with their
-squares and products) except on a few records, and a label that is a threshold of a score except on a few;
-checked by each Site when a run starts.
+squares and products) except on a few records, checked by each Site when a run starts.
 
 `copies` compares arrays two at a time. A difference of totals needs no pair: a composite outcome (death within
 90 days) that is the sum of two exclusive ones (within 30 days, 31 to 90 days) but in one record gave, from
@@ -32,24 +31,18 @@ takes at most `MAX_TERMS` terms; beyond, the site fits every column alone (witho
 columns with their squares and product. (A combination of three or more arrays together with products among
 them, at a site too small for the full fit, is not seen.)
 
-The binned analyses (histogram, uniform calibration curve) release how many records a score puts above each
-edge of the policy's grids, and any analysis of a label its total: a label equal to such a threshold (or its
-complement) but for 1..min_cell-1 records, and for fewer than a tenth of the site's records (an outcome agrees
-that far with a score by chance too rarely), is refused too (`threshold_copies`): a "high risk" flag set from
-the score but overridden in one patient told that one override exists.
-
-The refusals name the arrays and the rule, never a count or a value.
+The refusal names the arrays and the rule, never a count or a value.
 """
 
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from ..policy import ROLES
-from .copies import MAX_COLUMNS, MIN_RECORDS, NEAR_SHARE, RESOLUTION, _buckets, _digest, _dominated, _grids, _verdict
+from .copies import MAX_COLUMNS, MIN_RECORDS, NEAR_SHARE, RESOLUTION, _digest, _dominated, _verdict
 from .registry import SiteData
 
 #: Records per fitted column (beyond the min_cell - 1 a fit may leave out) below which a fit is not tried.
@@ -59,9 +52,6 @@ C_STEPS = 8
 #: Starts from fixed random elemental subsets (p + 1 records) beside the least squares start: with 4 records
 #: off among 40 and 9 columns, one in three holds none of them, and 20 starts miss them all once in a thousand.
 EXTRA_STARTS = 20
-#: A label agrees with a threshold of a score but for fewer than n / CHANCE_SHARE records by chance (an outcome
-#: and a score of 20 records, on 30 edges) too rarely to refuse it; a flag set from the score agrees that far.
-CHANCE_SHARE = 10
 #: The most terms (columns, their squares and products) fitted at once; beyond, each pair of columns alone.
 MAX_TERMS = 48
 #: An identity of the data holds on the records it keeps to float noise: their median miss is at most this
@@ -269,42 +259,3 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
                                 f"{min_cell} records here")
     return problems
 
-
-def threshold_copies(site: SiteData, uses: Iterable[tuple[str, str]], policy: Any) -> list[str]:
-    """Run by each Site when a run starts: labels of an analysis that equal a threshold of a score of the policy
-    at an edge of the policy's exact bins (or its complement) but for 1..min_cell-1 records. The binned
-    analyses release how many records a score puts above each edge, so any total of the label (a GLM's sum y)
-    less that count is the number of records where the two disagree: a "high risk" flag set from the score but
-    overridden in one patient told that one override exists (316 against 317)."""
-    min_cell = policy.min_cell_count
-    grids = _grids(policy)
-    if min_cell <= 1 or not grids:
-        return []
-    roles = policy.roles
-    problems = []
-    for role, name in dict.fromkeys(uses):
-        if role != "label" or name not in site.arrays:
-            continue
-        y = np.asarray(site.arrays[name])
-        if y.ndim != 1 or not np.all((y == 0) | (y == 1)):
-            continue
-        scores = sorted(site.arrays) if roles is None else sorted(set(roles.get("score", ())) & set(site.arrays))
-        for other in scores:
-            s = np.asarray(site.arrays[other])
-            if other == name or s.shape != y.shape or s.dtype.kind not in "iuf" or not np.all(np.isfinite(s)):
-                continue
-
-            def near() -> bool:
-                for grid in grids:
-                    buckets = _buckets(s.astype(np.float64), grid)
-                    for edge in range(1, grid[2]):
-                        differ = int(np.count_nonzero(y != (buckets >= edge)))
-                        differ = min(differ, y.size - differ)  # (or the complement of the threshold)
-                        if 0 < differ < min_cell and differ < y.size / CHANCE_SHARE:
-                            return True
-                return False
-
-            if _verdict(("threshold", _digest(y), _digest(s), tuple(grids), min_cell), near):
-                problems.append(f"label {name} is a threshold of score {other} on the policy's bins but for "
-                                f"fewer than {min_cell} records here")
-    return problems
