@@ -27,9 +27,10 @@ An exact combination (a composite outcome coded consistently) is no near combina
 nothing.
 
 A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out, and
-takes at most `MAX_TERMS` terms; beyond, the site fits every column alone (without products), and each pair of
-columns with their squares and product. (A combination of three or more arrays together with products among
-them, at a site too small for the full fit, is not seen.)
+takes at most `MAX_TERMS` terms; beyond, the site fits all the columns without products (if the records allow
+that many), and each pair of columns with their squares and product. Not seen, then: a combination of three or
+more arrays with products among them, and at a site with fewer than 4 (m + 1) + min_cell - 1 records for the m
+other columns, a linear combination of three or more.
 
 The refusal names the arrays and the rule, never a count or a value.
 """
@@ -216,19 +217,19 @@ def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell
 def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
                       role_arrays: Callable[[str], Iterable[str] | None]) -> list[str]:
     """Run by each Site when a run starts: the arrays of an analysis that are, at `site`, a linear combination
-    of several other arrays the policy names (and of their squares) except on fewer than `min_cell` records in
-    effect (see the module docstring). `role_arrays(role)` names the arrays the policy gives a role (None:
+    of several other arrays the policy names (and of their squares and products) except on fewer than
+    `min_cell` records in effect (see the module docstring). `role_arrays(role)` names the arrays the policy gives a role (None:
     every array of the site, as under a policy without roles)."""
     if min_cell <= 1:
         return []
     named = [role_arrays(role) for role in ROLES]
     every = None if any(names is None for names in named) else {a for names in named for a in names}
     problems: list[str] = []
-    seen: set[tuple[str, str]] = set()
+    seen: set[str] = set()
     for role, name in uses:
-        if (role, name) in seen or name not in site.arrays:
-            continue
-        seen.add((role, name))
+        if name in seen or name not in site.arrays:
+            continue  # (an array in two roles of one analysis, a label and a weight, is judged once)
+        seen.add(name)
         a = np.asarray(site.arrays[name])
         if a.ndim == 0 or not _usable(a, a.shape[0]):
             continue
@@ -251,7 +252,7 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
             if not columns:
                 continue
             b = mine[:, j]
-            key = ("combination", _digest(b), tuple(_digest(c) for c in columns), min_cell)
+            key = ("combination", _digest(b), tuple(_digest(c) for c in columns), tuple(owners), min_cell)
             found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1]))
             if found:
                 what = name if mine.shape[1] == 1 and a.ndim == 1 else f"{name}[{j}]"
