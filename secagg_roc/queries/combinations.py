@@ -44,6 +44,7 @@ import numpy as np
 
 from ..policy import ROLES
 from .copies import MAX_COLUMNS, MIN_RECORDS, NEAR_SHARE, RESOLUTION, _digest, _dominated, _verdict
+from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
 
 #: Records per fitted column (beyond the min_cell - 1 a fit may leave out) below which a fit is not tried.
@@ -171,19 +172,31 @@ def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(a.shape[0], -1).astype(np.float64)
 
 
+def _kind(column: np.ndarray) -> str:
+    """"binary" (0/1), "categorical" (a few other levels) or "continuous"."""
+    if np.all((column == 0) | (column == 1)):
+        return "binary"
+    return "categorical" if np.unique(column).size <= CATEGORICAL_LEVELS else "continuous"
+
+
 def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int]
            ) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
     """The columns `used`, their pairwise products (sums of them are a GLM's information: an interaction
-    column; of two labels, one outcome AND another) and their squares (a 0/1 column is its own)."""
+    column; of two labels, one outcome AND another) and their squares. No square or product of a categorical
+    column of several levels with another such or with itself: a polynomial in its codes interpolates any value
+    per level, so "a combination but for the records of one small level" would be any small level (a cell,
+    which the cross-table and binned analyses' rules judge), not a record off an identity."""
     used = list(used)
+    kinds = {i: _kind(columns[i]) for i in used}
     cols = [columns[i] for i in used]
     names = [(owners[i],) for i in used]
     for x, i in enumerate(used):
         for j in used[x:]:
-            product = columns[i] * columns[j]
-            if i == j and np.all((columns[i] == 0) | (columns[i] == 1)):
+            if i == j and kinds[i] != "continuous":
+                continue  # (a 0/1 column is its own square)
+            if "continuous" not in (kinds[i], kinds[j]) and "categorical" in (kinds[i], kinds[j]):
                 continue
-            cols.append(product)
+            cols.append(columns[i] * columns[j])
             names.append((owners[i], owners[j]))
     return cols, names
 
@@ -195,19 +208,17 @@ def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell
     n = b.size
     scale = float(np.abs(b - np.median(b)).mean()) or 1.0
     m = len(columns)
-    full = m + m * (m + 1) // 2
 
     def fits(terms: int) -> bool:
         return n - k >= RECORDS_PER_COLUMN * (terms + 1) and terms <= MAX_TERMS
 
-    if fits(full):
-        groups = [(range(m), True)]
+    full = _terms(columns, owners, range(m)) if fits(m) else None
+    if full is not None and fits(len(full[0])):
+        groups = [full]
     else:  # too many terms for the records: every column alone, then each pair with its products
-        groups = [(range(m), False)] if fits(m) else []
-        groups += [(used, True) for used in ([(0,)] if m == 1 else combinations(range(m), 2))]
-    for used, quadratic in groups:
-        cols, names = _terms(columns, owners, used) if quadratic else \
-            ([columns[i] for i in used], [(owners[i],) for i in used])
+        groups = [([columns[i] for i in range(m)], [(o,) for o in owners])] if fits(m) else []
+        groups += [_terms(columns, owners, used) for used in ([(0,)] if m == 1 else combinations(range(m), 2))]
+    for cols, names in groups:
         coef = _near_combination(b, np.column_stack(cols), min_cell, seed)
         if coef is not None:
             return sorted({o for c, name in zip(coef[1:], names) if abs(c) > 1e-6 * scale for o in name})
