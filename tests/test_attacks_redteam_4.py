@@ -52,7 +52,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import secagg_roc as sr
@@ -419,3 +419,18 @@ def test_smooth_transforms_of_one_covariate_are_no_combination_of_one_another(se
     arrays = {"age": age, "sq": age ** 2, "lg": np.log(age), "sr": np.sqrt(age), "y": np.arange(n) % 2}
     uses = [("covariate", a) for a in ("age", "sq", "lg", "sr")]
     assert near_combinations(SiteData("h", arrays), uses, Q, _roles("covariate")) == []
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(30, 200), levels=st.integers(3, 10))
+def test_a_label_beside_categorical_arrays_with_a_small_level_is_no_combination(seed, n, levels):
+    # A score or covariate of a few levels: a label constant within each level but for nothing is no record off
+    # an identity, even when one level holds a single record (a cell: the cross-table and binned rules' concern).
+    rng = np.random.default_rng(seed)
+    codes = rng.integers(0, levels, n).astype(float)
+    codes[0] = levels  # a level of one record
+    risk = np.round(0.05 + 0.9 * codes / levels, 2)
+    y = (rng.random(levels + 1) < 0.5)[codes.astype(int)].astype(np.int64)
+    assume(min(int(y.sum()), int(n - y.sum())) >= Q)  # (a smaller class is refused by the label check first)
+    arrays = {"y": y, "risk": risk, "stage": codes, "age": np.round(rng.normal(60, 10, n), 1)}
+    assert near_combinations(SiteData("h", arrays), [("label", "y")], Q, _roles("label")) == []

@@ -12,7 +12,8 @@ against the same totals of the others, and against the products a GLM releases.
 
 So a site fits each column of an analysis's arrays on an intercept, every column of the other arrays the
 policy names (any role: a label's multiple inside a covariate differences as well) and their squares and
-pairwise products, by least trimmed squares (C-steps from the least squares fit and from the best of
+pairwise products (none of a categorical column of several levels with itself or another such: a polynomial
+in its codes fits any value per level, and a small level is a cell, the cross-table and binned rules' concern), by least trimmed squares (C-steps from the least squares fit and from the best of
 `EXTRA_STARTS` fixed elemental subsets, settled by one least squares over the records kept): the fit that
 explains all but ``min_cell - 1`` records best. The array is a near combination, and the site does not join,
 when that fit's residual over every record is not zero, is smaller than the array's own spread, its largest
@@ -26,7 +27,9 @@ combination that holds only up to a rounding of the arrays (a total rounded to f
 An exact combination (a composite outcome coded consistently) is no near combination: its differences give
 nothing.
 
-A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out, and
+A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out (where
+the terms it uses have fewer distinct rows than that, categorical columns, a record counts as off only inside a
+cell of records on the identity: `_without_lone_cells`), and
 takes at most `MAX_TERMS` terms; beyond, the site fits all the columns without products (if the records allow
 that many), and each pair of columns with their squares and product. Not seen, then: a combination of three or
 more arrays with products among them, and at a site with fewer than 4 (m + 1) + min_cell - 1 records for the m
@@ -124,6 +127,23 @@ def _trimmed_fit(M: np.ndarray, b: np.ndarray, k: int, seed: bytes) -> np.ndarra
     return best
 
 
+def _without_lone_cells(M: np.ndarray, coef: np.ndarray, residual: np.ndarray, k: int) -> np.ndarray:
+    """`residual` without the misses of records alone in their cell, when the terms the fit uses have too few
+    distinct rows to over-determine it (categorical columns: a combination of their codes fits any value per
+    level, so a level of one record looks off an identity that was only interpolated; that is a cell, which the
+    cross-table and binned rules judge). A record off a composite label inside a populated cell stays."""
+    used = np.abs(coef[1:]) > 1e-9 * max(1.0, float(np.abs(coef).max()))
+    if not np.any(residual) or not np.any(used):
+        return residual
+    # Rows told apart by a fixed projection (np.unique over rows sorted 20,000 x 45 terms for seconds).
+    key = M[:, 1:][:, used] @ np.random.default_rng(0).uniform(1.0, 2.0, int(used.sum()))
+    cells, index = np.unique(key, return_inverse=True)
+    if cells.size - k >= RECORDS_PER_COLUMN * (int(used.sum()) + 1):
+        return residual  # over-determined: every record is checked against the identity
+    on = np.bincount(index, weights=(residual == 0).astype(float), minlength=cells.size)
+    return np.where(on[index] > 0, residual, 0.0)
+
+
 def _near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: bytes) -> np.ndarray | None:
     """The coefficients (intercept first) if `b` is a combination of the columns of `basis` except on fewer
     than `min_cell` records in effect (see the module docstring), else None."""
@@ -149,6 +169,7 @@ def _near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: byt
     top = max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300)
     floor = RESOLUTION * top * np.sqrt(M.shape[1])
     residual = np.where(np.abs(residual) <= floor, 0.0, residual)
+    residual = _without_lone_cells(M, coef, residual, k)
     if not (float(np.abs(residual).sum()) <= NEAR_SHARE * spread and _dominated(residual, k)):
         return None
     size = np.sort(np.abs(residual))[::-1]
