@@ -41,8 +41,9 @@ Attacks that held (no change needed), each checked here or in the earlier files:
   withholds the site's small cell (the bin's remainder is the earlier red teams' concern);
 * a 2-piece affine map of a covariate off in one record: its sum needs the pieces' sums, which no release
   gives unless the site also holds a hinge column, and then it is a combination the new rule refuses;
-* timing: the check runs once per run at the join and its verdict is cached by the arrays' digests, so a
-  join's time tells at most whether the arrays were judged before, not the verdict's reasons;
+* timing: the first join's check takes longer when no start fits (unrelated arrays) than when one fits
+  exactly at once (an exact, honest combination), so it can tell that arrays are exact combinations of one
+  another: a fact about the arrays, never a record's value; later joins are answered from the verdict cache;
 * missing values: an array holding a NaN is refused for any role, so a NaN cannot mask a record out of one
   of two sums;
 * refusals: the text names the rule and the arrays, never a count or a value (asserted below for every hole:
