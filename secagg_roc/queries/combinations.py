@@ -10,30 +10,32 @@ squared or an interaction column beside its covariates (a GLM's information matr
 a label that is the AND of two others: every total linear in the arrays of an analysis can be differenced
 against the same totals of the others, and against the products a GLM releases.
 
-So a site fits each column of an analysis's arrays on an intercept, every column of the other arrays the
-policy names (any role: a label's multiple inside a covariate differences as well) and their squares and
-pairwise products (none of a categorical column of several levels with itself or another such: a polynomial
-in its codes fits any value per level, and a small level is a cell, the cross-table and binned rules' concern), by least trimmed squares (C-steps from the least squares fit and from the best of
-`EXTRA_STARTS` fixed elemental subsets, settled by one least squares over the records kept): the fit that
-explains all but ``min_cell - 1`` records best. The array is a near combination, and the site does not join,
-when that fit's residual over every record is not zero, is smaller than the array's own spread, its largest
-``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of it (`copies`' rule for one map, here for
-a combination), every other entry is at most `EXACT_SHARE` of its largest, and its median is float noise
-(`IDENTITY`) while its largest is not (`MATERIAL`): the combination is an identity of the data but on a few records, not an approximation (sqrt age
-is a quadratic in age and log age to 6e-9 of its size, off most at the extremes). Smooth maps that are no
-finite combination (log or sqrt of a covariate the site also holds) are therefore not refused: a record off
-one of them is learned only up to the error of approximating their sum from released moments; nor is a
-combination that holds only up to a rounding of the arrays (a total rounded to fewer decimals than its parts).
-An exact combination (a composite outcome coded consistently) is no near combination: its differences give
-nothing.
+So a site fits each column of an analysis's arrays on an intercept, every column of the other arrays the policy
+names (any role: a label's multiple inside a covariate differences as well) and their squares and pairwise products
+(none of a categorical column of several levels with itself or another such: a polynomial in its codes fits any
+value per level, and a small level is a cell, the cross-table and binned rules' concern), by least trimmed squares
+(C-steps from the least squares fit and from the best of `EXTRA_STARTS` fixed elemental subsets, settled by one
+least squares over the records kept): the fit that explains all but ``min_cell - 1`` records best. The array is a
+near combination, and the site does not join, when that fit's residual over every record is not zero, is smaller
+than the array's own spread, its largest ``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of it
+(`copies`' rule for one map, here for a combination), every other entry is at most `EXACT_SHARE` of its largest,
+and its median is float noise (`IDENTITY`) while its largest is not (`MATERIAL`): the combination is an identity of
+the data but on a few records, not an approximation (sqrt age is a quadratic in age and log age to 6e-9 of its
+size, off most at the extremes). Smooth maps that are no finite combination (log or sqrt of a covariate the site
+also holds) are therefore not refused: a record off one of them is learned only up to the error of approximating
+their sum from released moments; nor is a combination that holds only up to a rounding of the arrays (a total
+rounded to fewer decimals than its parts). An exact combination (a composite outcome coded consistently) is no near
+combination: its differences give nothing.
 
-A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out (where
-the terms it uses have fewer distinct rows than that, categorical columns, a record counts as off only inside a
-cell of records on the identity: `_without_lone_cells`), and
-takes at most `MAX_TERMS` terms; beyond, the site fits all the columns without products (if the records allow
-that many), and each pair of columns with their squares and product. Not seen, then: a combination of three or
-more arrays with products among them, and at a site with fewer than 4 (m + 1) + min_cell - 1 records for the m
-other columns, a linear combination of three or more.
+A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out (where the
+terms it uses have fewer distinct rows than that, categorical columns, a record counts as off only inside a cell of
+records on the identity: `_without_lone_cells`), and takes at most `MAX_TERMS` terms; beyond, the site fits all the
+columns without products (if the records allow that many), and each pair of columns with their squares and product.
+Not seen, then: a combination of three or more arrays with products among them, and at a site with fewer than 4 (m
++ 1) + min_cell - 1 records for the m other columns, a linear combination of three or more.
+
+A 0/1 covariate is not judged here but by the cross-table rules (`groups`): one-hot columns of a categorical
+are an exact combination but for the records of its rare levels, a small-level question.
 
 The refusal names the arrays and the rule, never a count or a value.
 """
