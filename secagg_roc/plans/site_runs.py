@@ -32,6 +32,7 @@ from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
 from ..queries.checks import role_problems
+from ..queries.combinations import near_combinations
 from ..queries.copies import near_copies
 from ..queries.groups import label_problems
 from ..queries.run import run_step
@@ -113,12 +114,17 @@ class SiteRuns:
         need = plan.min_records(self.policy)
         if not problems and data.records() < need:
             problems.append(f"fewer records than the {need} this analysis needs at each site")
+
+        def role_arrays(role: str) -> Any:
+            return None if roles is None else roles.get(role, ())
+
         if not problems:
             problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
-            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count,
-                                    lambda role: None if roles is None else roles.get(role, ()))
+            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
+        if not problems:  # (several arrays at once, after the pairs: a composite outcome beside its parts)
+            problems += near_combinations(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
             raise SiteQueryError(

@@ -11,7 +11,9 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
 * no array of an analysis is a near copy of another array of its role: equal, or
   equal up to a change of scale and offset, but in 1..min_cell-1 records in
   effect (`queries.copies`): two outcome definitions that differ in one patient
-  would give two totals whose difference is that patient's;
+  would give two totals whose difference is that patient's; nor a combination of
+  several other arrays (their squares and products) but in such a group
+  (`queries.combinations`);
 * for the analyses that sum products of covariates (the GLM, column sums:
   `small_groups`), a categorical column (at most `CATEGORICAL_LEVELS` distinct
   values, each held by two records on average) used as a covariate or as
