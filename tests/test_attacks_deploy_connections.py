@@ -6,7 +6,8 @@ never keeps other parties from being served: an honest round gives the exact
 total meanwhile, and the aggregators' logs hold no traceback. Every attack uses
 a party's own valid certificate over a raw TLS socket (`raw_tls.py`).
 
-Attacks: slowloris and half-open connections; stalled bodies and chunks;
+Attacks: slowloris and half-open connections; stalled bodies and chunks (and
+the 408 a stalled body gets, not before the round timeout);
 replies never read (pipelined, and held by the kernel); many bodies at once
 from one party; hundreds of connections from one party.
 
@@ -26,7 +27,9 @@ import pytest
 
 from secagg_roc.deploy.connection_guard import connections_per_party
 from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.tls import client_ssl_context
 
+from deploy_client import call_as
 from raw_tls import (IDLE_S, MAX_BODY, ROUND_TIMEOUT_S, SITES, Health, assert_honest_round, error_text, head, infos,
                      read_reply, robust_cluster, rss_bytes, server_finished_handshake, tls)
 
@@ -65,6 +68,29 @@ def test_stalled_and_half_open_connections_are_dropped_in_bounded_time(cluster) 
         assert status == 408 and "not received within" in error_text(body), (status, body)
         sock.close()
     health.check()
+
+
+def test_a_client_that_stalls_mid_body_is_answered_and_dropped_within_the_round_timeout(cluster) -> None:
+    """A body stalled after 10 of its 100 kB: a 408 naming the timeout once the round timeout (and the
+    body's own share of the deadline) has passed, not before; and the aggregator keeps serving."""
+    config = cluster.config
+    agg, site = config.aggregators[0], config.party("site-a")
+    ctx = client_ssl_context(config.ca_cert, site.cert, site.key)
+    started = time.monotonic()
+    with socket.create_connection((agg.host, agg.port), timeout=60) as raw:
+        with ctx.wrap_socket(raw, server_hostname=agg.host) as conn:
+            conn.sendall(b"POST /v1/message HTTP/1.1\r\nHost: " + agg.host.encode() + b"\r\n"
+                         b"Content-Type: application/vnd.secagg-roc\r\nContent-Length: 100000\r\n\r\n" + b"x" * 10)
+            reply = b""
+            while True:  # stall: send nothing more, read until the aggregator closes the connection
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                reply += chunk
+    elapsed = time.monotonic() - started
+    assert reply.startswith(b"HTTP/1.1 408") and b"RequestTimeout" in reply
+    assert config.round_timeout_s <= elapsed < config.round_timeout_s + 15  # bounded: deadline plus lingering
+    assert call_as(cluster, "analyst", 0, lambda c: c.info())["study"] == "loopback"  # it keeps serving
 
 
 def test_a_client_that_never_reads_its_replies_is_dropped(cluster) -> None:
