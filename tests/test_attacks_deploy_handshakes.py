@@ -20,7 +20,7 @@ import pytest
 from secagg_roc.deploy.local_cluster import LocalCluster
 
 from deploy_client import call_as
-from test_attacks_deploy_robustness import assert_honest_round
+from raw_tls import assert_honest_round
 
 pytestmark = pytest.mark.slow
 

@@ -44,7 +44,7 @@ from secagg_roc.queries import canonical_params, json_digest, params_json
 from secagg_roc.queries.run import JOIN
 
 from deploy_client import call_as, join_query
-from test_attacks_deploy_robustness import Health, error_text, exchange, head, infos, open_round, post, rss_bytes, tls
+from raw_tls import Health, error_text, exchange, head, infos, open_round, post, rss_bytes, tls
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """The aggregator's connection guards judged on their own (`connection_guard`, `tls_connections`): no cluster.
 
-(The deployed attacks they answer are in `test_attacks_deploy_robustness.py`.)
+(The deployed attacks they answer are in `test_attacks_deploy_connections.py`.)
 """
 
 from __future__ import annotations
