@@ -22,9 +22,11 @@ Not fixed (a strict xfail below says how it would be): a "high risk" flag set fr
 overridden in one patient: the histogram's counts above 0.5 (317, from a histogram of another label) less the
 flag's GLM total (316) tell that one override exists, a cell of one.
 
-Not fixed either (strict xfail, found through the demo): the implied reference level of one-hot covariate
-columns crossed with the label. One GLM gives the level's count and label sum by difference; the demo's two
-training sites hold one grade-I patient each without the event (a pooled cell of 2).
+Fixed after the round (found through the demo): the implied reference level of one-hot covariate columns
+crossed with the label. One GLM gave the level's count and label sum by difference; the demo's two training
+sites held one grade-I patient each without the event (a pooled cell of 2). `groups.small_groups` now judges
+the implied level of every maximal group of 0/1 columns never 1 together as one more categorical column, and
+the demo codes tumour grade as one indicator (III against I or II).
 
 Residuals of the new rule, by design (module docstring of `queries.combinations`): a record off a smooth map
 that is no finite combination (log or sqrt of a covariate; its sum is known only up to the approximation of
@@ -373,16 +375,6 @@ def test_a_flag_that_is_a_threshold_of_the_score_but_in_one_record_does_not_tell
 # -- 5. the implied level of one-hot columns (found through the demo) ------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VULN: the cross-table rules (`groups`) judge the label against each 0/1 covariate column and the columns "
-    "pairwise, never the label against the implied reference level of one-hot columns (tgrade=II, tgrade=III: "
-    "grade I is the all-zero pattern). One GLM's first rounds give that level's count (n - sum II - sum III) "
-    "and label sum (sum y - sum y II - sum y III), so its cell with the label, 1..q-1 records, is released. "
-    "The demo's training sites hold one grade-I patient each without the event (a pooled cell of 2), which the "
-    "near-combination rule found (III = 1 - II but for it, given y) before it left 0/1 covariates to `groups`. "
-    "Fix: in `groups.small_groups`, cross the label (and the other categorical columns) with the joint pattern "
-    "of 0/1 columns that are never 1 together, the all-zero pattern included; it refuses the demo's training "
-    "GLM, so the demo's encoding must change with it (merge grade I into II), and the README's demo figures."))
 def test_a_rare_implied_level_of_one_hot_columns_does_not_give_a_small_cell_with_the_label():
     cells = set()
     for first_label in (0, 1):
@@ -495,3 +487,25 @@ def test_a_label_beside_categorical_arrays_with_a_small_level_is_no_combination(
     assume(min(int(y.sum()), int(n - y.sum())) >= Q)  # (a smaller class is refused by the label check first)
     arrays = {"y": y, "risk": risk, "stage": codes, "age": np.round(rng.normal(60, 10, n), 1)}
     assert near_combinations(SiteData("h", arrays), [("label", "y")], Q, _roles("label")) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(levels=st.integers(2, 4), counts=st.lists(st.integers(0, 12), min_size=8, max_size=8))
+def test_the_implied_level_of_one_hot_columns_is_judged_exactly_as_a_level(levels, counts):
+    """A factor of `levels` levels, one-hot without its level 0, beside a label: `small_groups` names the implied
+    level exactly when level 0's count or its cell with a label class is 1..q-1 (the other levels' cells are
+    made large, so only the implied level can be at fault)."""
+    from secagg_roc.queries.groups import IMPLIED, small_groups
+
+    n0 = [counts[0], counts[1]]  # level 0's records with y = 0 and y = 1
+    assume(sum(n0) > 0)  # (else one indicator is constant: refused as such)
+    level = np.r_[np.zeros(sum(n0), int), np.repeat(np.arange(1, levels), 2 * Q)]
+    y = np.r_[np.zeros(n0[0]), np.ones(n0[1]), np.tile(np.r_[np.zeros(Q), np.ones(Q)], levels - 1)]
+    X = np.column_stack([level == k for k in range(1, levels)] + [np.linspace(40.0, 80.0, level.size)]).astype(float)
+    site = SiteData("h", {"y": y, "X": X})
+    problems = small_groups(site, [("label", "y"), ("covariate", "X")], Q)
+    small = any(0 < c < Q for c in (*n0, sum(n0)))
+    named = any(IMPLIED in p for p in problems)
+    assert named == (small and levels > 2), problems  # one indicator: its 0 value is a level it checks itself
+    if levels == 2:
+        assert any("X[0]" in p for p in problems) == small, problems

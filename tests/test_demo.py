@@ -13,7 +13,7 @@ from secagg_roc.demo import gbsg2_two_year, proportional_sizes, run_demo  # noqa
 
 def test_two_year_label_and_site_sizes():
     X, y, dropped = gbsg2_two_year()
-    assert X.shape == (y.size, 9)
+    assert X.shape == (y.size, 8)
     assert y.size + dropped == 686
     assert dropped > 0 and set(y.tolist()) == {0, 1}
     assert proportional_sizes(274) == [56, 49, 60, 49, 60]

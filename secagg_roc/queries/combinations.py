@@ -134,7 +134,7 @@ def _without_lone_cells(M: np.ndarray, coef: np.ndarray, residual: np.ndarray, k
     distinct rows to over-determine it (categorical columns: a combination of their codes fits any value per
     level, so a level of one record looks off an identity that was only interpolated; that is a cell, which the
     cross-table and binned rules judge). A record off a composite label inside a populated cell stays, and so
-    do the misses of a cell of more than k records wholly off (the demo's tgrade=III indicator against
+    do the misses of a cell of more than k records wholly off (a one-hot tgrade=III indicator against
     tgrade=II and the label: two of four cells, not an identity)."""
     used = np.abs(coef[1:]) > 1e-9 * max(1.0, float(np.abs(coef).max()))
     if not np.any(residual) or not np.any(used):
@@ -291,8 +291,8 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
             b = mine[:, j]
             if not columns or (role == "covariate" and np.all((b == 0) | (b == 1))):
                 # A 0/1 covariate is left to the cross-table rules (`groups`): one-hot columns of a rare implied
-                # level (the demo's tgrade=III beside tgrade=II, grade I held by 1..4 records at a site) are off
-                # the identity III = 1 - II exactly there, a small level those rules do not see yet.
+                # level (tgrade=III beside tgrade=II, grade I held by 1..4 records at a site) are off the
+                # identity III = 1 - II exactly there, a small level those rules judge as an implied level.
                 continue
             key = ("combination", _digest(b), tuple(_digest(c) for c in columns), tuple(owners), min_cell)
             found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1]))

@@ -19,7 +19,8 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   values, each held by two records on average) used as a covariate or as
   weights holds every one of its values in 0
   or at least ``min_cell`` records, and so does every cell of its cross-table
-  with the label and with every other categorical column of the analysis; and
+  with the label and with every other categorical column of the analysis (the implied reference level of
+  indicator columns that are never 1 together, such as one-hot columns, counted as one more column); and
   no covariate or weight is constant at the site: a site-level value (a
   hospital's size, "teaching hospital") would single out the sites that share
   it, inside a run over all of them; and no weight is dominated by a few
@@ -118,6 +119,52 @@ def _dominated(weights: np.ndarray, min_cell: int) -> bool:
     return _spread_dominated(weights, min_cell)
 
 
+#: How the implied level of indicator columns that are never 1 together is named in refusals.
+IMPLIED = "the level where all of"
+
+#: At most this many groups of indicators that are never 1 together are judged (each one's implied level).
+MAX_INDICATOR_GROUPS = 256
+
+
+def _exclusive_groups(indicators: list[np.ndarray]) -> list[list[int]]:
+    """The maximal sets of 0/1 columns no record has two of (Bron-Kerbosch over the "never 1 together" graph)."""
+    m = len(indicators)
+    ones = [c != 0 for c in indicators]
+    apart = [{j for j in range(m) if j != i and not np.any(ones[i] & ones[j])} for i in range(m)]
+    groups: list[list[int]] = []
+
+    def grow(chosen: set[int], candidates: set[int], excluded: set[int]) -> None:
+        if len(groups) > MAX_INDICATOR_GROUPS:
+            return
+        if not candidates and not excluded:
+            if len(chosen) > 1:
+                groups.append(sorted(chosen))
+            return
+        for i in sorted(candidates):
+            grow(chosen | {i}, candidates & apart[i], excluded & apart[i])
+            candidates = candidates - {i}
+            excluded = excluded | {i}
+
+    grow(set(), set(range(m)), set())
+    return groups
+
+
+def _implied_levels(categorical: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]] | None:
+    """The implied (reference) level of every maximal group of 0/1 columns that are never 1 together, as a
+    column; None if there are more than `MAX_INDICATOR_GROUPS` such groups (too many to judge).
+
+    One-hot columns of a factor (grade II, grade III) leave its reference level (grade I) implicit, but a GLM's
+    sums give it by difference: its count is n less the columns' sums, and its cell with the label sum(y) less
+    the columns' sums of y. So it is judged as one more categorical column: its own count and its cross-tables
+    with the labels and the other categorical columns."""
+    indicators = [(name, column) for name, column in categorical if np.all((column == 0) | (column == 1))]
+    groups = _exclusive_groups([column for _, column in indicators])
+    if len(groups) > MAX_INDICATOR_GROUPS:
+        return None
+    return [(f"{IMPLIED} {', '.join(indicators[i][0] for i in group)} are 0",
+             1.0 - np.sum([indicators[i][1] for i in group], axis=0)) for group in groups]
+
+
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Labels of an analysis with a class of 1..min_cell-1 records at `site` (checked for every analysis)."""
     return [
@@ -164,6 +211,13 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if role == "covariate" and not rare and _spread_dominated(column, min_cell):
                 # One far outlier (or a rare binary jittered into distinct values): sum y * x would be its label.
                 problems.append(f"covariate {name} is dominated by fewer than {min_cell} records here")
+    implied = _implied_levels(categorical)
+    if implied is None:  # the site's own columns; a refusal rather than a join that takes minutes
+        problems.append("the covariates' indicator columns form too many groups never 1 together to judge here")
+    categorical += implied or []
+    for name, column in categorical:
+        if name.startswith(IMPLIED) and _small(np.unique(column, return_counts=True)[1], min_cell):
+            problems.append(f"{name} is held by fewer than {min_cell} records here")
     for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
         if _cross_small(a, b, min_cell):
             problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")
