@@ -296,6 +296,8 @@ def _disagreeing(shares: list[InputShare]) -> list[str]:
     """The sites whose share differs in layout, encoding or record counting from the most common one
     (every site, if no form is held by more sites than any other)."""
     forms = [(s.layout, s.encoding, s.records == NOT_COUNTED) for s in shares]
+    if forms and all(f == forms[0] for f in forms):  # the usual case, without hashing every form
+        return []
     counts = Counter(forms)  # one pass: a round may have thousands of sites
     if len(counts) == 1:
         return []
