@@ -1,0 +1,124 @@
+"""The second simulation speed-up pass: what each shortcut keeps (results, checks, the interpreter's state)."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+
+import secagg_roc as sr
+from secagg_roc.ring import FixedPoint, shared_codec
+from secagg_roc.round import _disagreeing
+from secagg_roc.simulation import gc_pace
+from secagg_roc.simulation.gc_pace import BATCH_GEN0_THRESHOLD, fewer_collections
+
+
+def test_fewer_collections_raises_gen0_inside_and_restores_the_thresholds_after() -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(700, 11, 12)
+    try:
+        with fewer_collections():
+            assert gc.get_threshold() == (BATCH_GEN0_THRESHOLD, 11, 12)
+            with fewer_collections():  # re-entrant: the inner block leaves the outer's threshold
+                pass
+            assert gc.get_threshold()[0] == BATCH_GEN0_THRESHOLD
+        assert gc.get_threshold() == (700, 11, 12)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_fewer_collections_never_lowers_a_higher_threshold_and_restores_after_an_error() -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(50_000, 10, 10)
+    try:
+        try:
+            with fewer_collections():
+                assert gc.get_threshold()[0] == 50_000
+                raise RuntimeError("a task failed")
+        except RuntimeError:
+            pass
+        assert gc.get_threshold() == (50_000, 10, 10)
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_overlapping_batches_in_threads_restore_the_thresholds_once_the_last_ends() -> None:
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def first() -> None:
+        with fewer_collections():
+            first_in.set()
+            second_in.wait(5)
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(5)
+        with fewer_collections():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(gc.get_threshold()[0])  # the first batch ended: still raised for this one
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        assert seen == [BATCH_GEN0_THRESHOLD]
+        assert gc.get_threshold() == (700, 10, 10)
+        assert gc_pace._state["depth"] == 0
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_run_tasks_gives_the_same_records_whatever_the_collectors_pace() -> None:
+    header = sr.simulation.design_header(sr.simulation.MASTER_SEED)
+    tasks = [(0, 0), (60, 1)]
+    paced = sr.simulation.run_tasks(tasks, header)
+    gc.disable()  # no collection at all, against one every 10,000 allocations
+    try:
+        unpaced = [sr.simulation.run_task(header["master_seed"], sr.simulation.paper_grid()[s], i,
+                                          **{k: header[k] for k in ("n_sites", "mechanism", "ties", "alpha")})
+                   for s, i in tasks]
+    finally:
+        gc.enable()
+    assert [sr.simulation.runner.dumps(r) for r in paced] == [sr.simulation.runner.dumps(r) for r in unpaced]
+
+
+def test_shared_codec_is_one_object_per_precision_sites_and_saturation_and_encodes_as_a_fresh_one() -> None:
+    a, b = shared_codec(32, 5, True), shared_codec(32, 5, True)
+    assert a is b
+    assert shared_codec(32, 5, False) is not a and shared_codec(31, 5, True) is not a
+    assert shared_codec(32, 6, True).max_encoded < FixedPoint(32, 5).max_encoded
+    x = np.array([0.25, -3.5, 1e-9, 2.0**20])
+    fresh = FixedPoint(32, max_sites=5, saturate=True)
+    assert np.array_equal(a.encode(x), fresh.encode(x))
+    assert a.encoding_for(x) == fresh.encoding_for(x)
+
+
+def test_sites_of_a_federation_share_the_encoding_object_and_a_secure_sum_stays_exact() -> None:
+    fed = sr.LocalFederation(["a", "b", "c"], transcripts=False)
+    assert fed._bare is None  # made at the first secure sum, not with the federation
+    total = fed.secure_sum({"a": np.array([1.5, 2.0]), "b": np.array([0.25, -1.0]), "c": np.array([3.0, 0.5])})
+    assert np.allclose(total, [4.75, 1.5])
+    codecs = {id(s._codecs[(fed.frac_bits, False)]) for s in fed._bare_sites.values()}
+    assert len(codecs) == 1
+
+
+def _share(site: str, layout: tuple, records: int = 3):
+    from secagg_roc.messages import InputShare, RoundId
+    from secagg_roc.ring import Encoding
+    return InputShare(RoundId("s", 1, bytes(32)), site, 0, Encoding(32, False), records, layout,
+                      vector=np.zeros(1, dtype=np.uint64))
+
+
+def test_agreement_check_finds_the_odd_share_and_passes_equal_forms_built_separately() -> None:
+    same = [_share(s, (("v", (1,), False),)) for s in "abc"]  # equal, not identical, layouts and encodings
+    assert _disagreeing(same) == []
+    odd = same[:2] + [_share("c", (("w", (1,), False),))]
+    assert _disagreeing(odd) == ["c"]
+    tie = [_share("a", (("v", (1,), False),)), _share("b", (("w", (1,), False),))]
+    assert _disagreeing(tie) == ["a", "b"]
