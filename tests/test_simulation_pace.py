@@ -122,3 +122,25 @@ def test_agreement_check_finds_the_odd_share_and_passes_equal_forms_built_separa
     assert _disagreeing(odd) == ["c"]
     tie = [_share("a", (("v", (1,), False),)), _share("b", (("w", (1,), False),))]
     assert _disagreeing(tie) == ["a", "b"]
+
+
+def test_array_digest_is_kept_for_read_only_arrays_and_follows_a_writeable_arrays_content() -> None:
+    from secagg_roc.array_digest import array_digest
+    a = np.arange(5.0)
+    d = array_digest(a)
+    a[0] = 7.0  # writeable: never kept, the new content gives a new digest
+    assert array_digest(a) != d
+    frozen = np.arange(5.0)
+    frozen.flags.writeable = False
+    assert array_digest(frozen) == d and array_digest(frozen) is array_digest(frozen)
+    assert array_digest(np.arange(5.0).reshape(5, 1)) != d  # the shape is bound
+    assert array_digest(np.arange(5, dtype=np.int64)) != d  # and the dtype
+
+
+def test_released_start_key_tells_apart_pairs_that_join_to_the_same_bytes() -> None:
+    from secagg_roc.stats.rocglm_rows import released_start
+    rng = np.random.default_rng(3)
+    neg, pos = np.sort(rng.normal(0, 1, 40)), np.sort(rng.normal(1.2, 1, 30))
+    moved = np.concatenate([neg, pos[:1]]), pos[1:]  # the same bytes end to end, split elsewhere
+    a, b = released_start(neg, pos, 20, "strict"), released_start(*moved, 20, "strict")
+    assert a is not None and b is not None and not np.array_equal(a, b)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Generator, Sequence
 import numpy as np
 from scipy.special import ndtr, ndtri
 
+from ..array_digest import array_digest
 from ..dp.sensitivity import L2Sensitivity
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
@@ -177,11 +178,10 @@ def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _digest(*arrays: np.ndarray) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
+    """The design's reference: SHA-256 over each sample's `array_digest` (dtype, shape, bytes) in order. The
+    samples are read-only, so each party hashes their bytes once for this, the released start's key and its
+    sites' design queries."""
+    return hashlib.sha256(b"".join(array_digest(np.asarray(a, dtype=np.float64)) for a in arrays)).hexdigest()
 
 
 #: The placement-value sums' query, the last round of a ROC-GLM run.
