@@ -144,3 +144,15 @@ def test_released_start_key_tells_apart_pairs_that_join_to_the_same_bytes() -> N
     moved = np.concatenate([neg, pos[:1]]), pos[1:]  # the same bytes end to end, split elsewhere
     a, b = released_start(neg, pos, 20, "strict"), released_start(*moved, 20, "strict")
     assert a is not None and b is not None and not np.array_equal(a, b)
+
+
+def test_flatten_gives_one_layout_object_per_layout_and_a_plain_verdict_is_kept_only_for_plain_ones() -> None:
+    from secagg_roc.layout import flatten
+    from secagg_roc.round import _plain_layout
+    a, _ = flatten({"score": np.zeros(2), "rows": np.array([3])}, {"score": "float", "rows": "int"})
+    b, _ = flatten({"rows": np.array([1]), "score": np.ones(2)}, {"score": "float", "rows": "int"})
+    assert a is b and _plain_layout(a) and _plain_layout(a)
+    bad = (("score", (2,), 1),)  # an int where a bool belongs: refused every time, never kept
+    assert not _plain_layout(bad) and not _plain_layout(bad)
+    assert not _plain_layout((("score", [2], False),))  # a list shape
+    assert not _plain_layout([("score", (2,), False)])  # a list, not a tuple
