@@ -156,3 +156,22 @@ def test_flatten_gives_one_layout_object_per_layout_and_a_plain_verdict_is_kept_
     assert not _plain_layout(bad) and not _plain_layout(bad)
     assert not _plain_layout((("score", [2], False),))  # a list shape
     assert not _plain_layout([("score", (2,), False)])  # a list, not a tuple
+
+
+def test_a_dp_releases_ledger_key_is_the_text_it_was_with_the_parameters_converted_again() -> None:
+    import hashlib
+    from types import SimpleNamespace
+
+    from secagg_roc.plans import Step
+    from secagg_roc.queries import canonical_params
+    from secagg_roc.site_releases import _SORTED_JSON, NoisyReleases
+    from secagg_roc.stats.roc_release import SCORES
+    step = Step(SCORES, {"label": "y", "score": "s", "score_range": (0, 1.5), "epsilon": 0.25,
+                         "nested": {2: [1, 2.5, None, True]}})
+    site = SimpleNamespace(study="st", data_digest="ab" * 32)
+    for contributors in (None, ("b", "a")):
+        parts = ["st", SCORES, canonical_params(step.params), "ab" * 32]
+        if contributors is not None:
+            parts.append(sorted(contributors))
+        expected = hashlib.sha256(_SORTED_JSON(parts).encode()).hexdigest()
+        assert NoisyReleases._release_key(site, step, contributors) == expected
