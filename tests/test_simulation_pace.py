@@ -175,3 +175,21 @@ def test_a_dp_releases_ledger_key_is_the_text_it_was_with_the_parameters_convert
             parts.append(sorted(contributors))
         expected = hashlib.sha256(_SORTED_JSON(parts).encode()).hexdigest()
         assert NoisyReleases._release_key(site, step, contributors) == expected
+
+
+def test_scipys_scalar_normal_functions_give_the_ufuncs_bits_and_the_binormal_auc_is_unchanged() -> None:
+    from scipy.integrate import quad
+    from scipy.special import cython_special, ndtr, ndtri
+
+    from secagg_roc.stats.rocglm import binormal_auc
+    rng = np.random.default_rng(11)
+    ts = np.concatenate([rng.random(20_000), rng.random(200) * 1e-12, 1 - rng.random(200) * 1e-12, [0.0, 0.5, 1.0]])
+    xs = np.concatenate([rng.normal(0, 6, 20_000), [-40.0, -8.3, 0.0, 8.3, 40.0]])
+    for t in ts.tolist():
+        a, b = float(ndtri(t)), cython_special.ndtri(t)
+        assert a == b or (np.isnan(a) and np.isnan(b))
+    assert all(float(ndtr(x)) == cython_special.ndtr(x) for x in xs.tolist())
+    for g1, g2 in [(0.8, 1.1), (-0.3, 0.4), (2.5, 3.0), (0.0, 1e-6)]:
+        ufunc_integral, _ = quad(lambda t: float(ndtr(g1 + g2 * ndtri(t))), 0.0, 1.0, epsabs=1e-13, epsrel=1e-12,
+                                 limit=200)
+        assert binormal_auc(g1, g2)[0] == ufunc_integral
