@@ -42,7 +42,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Generator, Sequence
 
 import numpy as np
-from scipy.special import ndtr, ndtri
+from scipy.special import ndtr
 
 from ..array_digest import array_digest
 from ..dp.sensitivity import L2Sensitivity
