@@ -120,8 +120,9 @@ class LocalFederation(FaultInjection):
                             if transcripts else {})
         self._parties = frozenset(parties)
         self._round_numbers = itertools.count()
-        # Site objects that hold no data: `secure_sum` hands them values directly.
-        self._bare_sites = {s: self.site(SiteData(s, {})) for s in self.sites}
+        # Site objects that hold no data (`secure_sum` hands them values directly): made at the first
+        # secure sum, not here (a study's plans never use them; five sites' set-up is ~1% of a simulated task).
+        self._bare: dict[str, Site] | None = None
         #: run -> its contributors, from the run's join release (who gets the run's later rounds); the
         #: latest runs only, as the aggregators keep them.
         self._members: dict[str, tuple[str, ...]] = {}
@@ -243,6 +244,13 @@ class LocalFederation(FaultInjection):
             got = self._deliver(self.aggregators[0].name, site, AucRelease(query.round_id, value))
             sites[site].receive_value(got)  # type: ignore[arg-type]
         return float(release.value)  # type: ignore[attr-defined]
+
+    @property
+    def _bare_sites(self) -> dict[str, Site]:
+        """The federation's data-less sites, one per site name (made once, at first use)."""
+        if self._bare is None:
+            self._bare = {s: self.site(SiteData(s, {})) for s in self.sites}
+        return self._bare
 
     def site(self, data: SiteData, **options: Any) -> Site:
         """A `Site` of this federation for `data` (`options`: its policy, ledger, local consent)."""

@@ -15,6 +15,11 @@ from .errors import SiteQueryError
 from .messages import Layout, check_name
 
 
+#: The layouts made lately, each its own key: a query's outputs give a handful.
+_LAYOUTS: dict[Layout, Layout] = {}
+_LAYOUTS_KEPT = 256
+
+
 def flatten(values: Mapping[str, np.ndarray], kinds: Mapping[str, str] | None = None) -> tuple[Layout, np.ndarray]:
     """Named arrays -> (layout, one flat vector).
 
@@ -33,6 +38,11 @@ def flatten(values: Mapping[str, np.ndarray], kinds: Mapping[str, str] | None = 
             raise SiteQueryError(f"output {n!r} has dtype {a.dtype}; outputs are numbers")
         integer.append(kind in "iub" if kinds is None else kinds[n] == "int")
     layout = tuple(zip(names, [a.shape for a in arrays], integer))
+    # One object per layout in this process: every round of a query and every site give the same one, so the
+    # aggregators' checks of it (`round._plain_layout`) find it by identity after the first.
+    layout = _LAYOUTS.setdefault(layout, layout)
+    if len(_LAYOUTS) > _LAYOUTS_KEPT:
+        _LAYOUTS.clear()
     dtype = np.int64 if all(integer) else np.float64
     if len(arrays) == 1 and arrays[0].dtype == dtype and arrays[0].flags.c_contiguous:
         return layout, arrays[0].reshape(-1)  # the common large case: no copy

@@ -9,6 +9,7 @@ summed, because a wrapped total decodes to a plausible but wrong number.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -253,3 +254,12 @@ class FixedPoint:
             "use fewer fractional bits, rescale the value, or declare a smaller max_sites"
         )
         raise EncodingError(f"value {bad!r} {rule}", f"a value {rule}")
+
+
+@functools.lru_cache(maxsize=64)
+def shared_codec(frac_bits: int, max_sites: int, saturate: bool) -> FixedPoint:
+    """The process's one `FixedPoint(frac_bits, max_sites, saturate=saturate)`: a codec is never changed
+    after it is made, so every site of a process may encode with the same one (an embedded study makes
+    five sites per task, and each derived its codec's range limits again). Its shares then carry the very
+    same `Encoding` object, which the aggregators' agreement check compares by identity first."""
+    return FixedPoint(frac_bits, max_sites, saturate=saturate)

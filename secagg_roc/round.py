@@ -274,9 +274,28 @@ def _check_fields(share: InputShare) -> None:
 
 def _plain_layout(layout: object) -> bool:
     """Whether `layout` has exactly the types `wire.parse_layout` gives (checked without encoding it: every
-    share of every round is checked, and a round's own layouts are small)."""
+    share of every round is checked, and a round's own layouts are small). A layout found plain is kept by
+    identity: a plain layout holds only immutable values (strings, tuples of ints, bools), so the same
+    object is plain for good (the sites of one process hand over the same layout objects, `layout.flatten`)."""
     if type(layout) is not tuple:
         return False
+    if _PLAIN.get(id(layout)) is layout:  # the very same object (held below, so its id is not reused)
+        return True
+    if not _check_plain(layout):
+        return False
+    _PLAIN[id(layout)] = layout
+    if len(_PLAIN) > _PLAIN_KEPT:
+        _PLAIN.clear()
+    return True
+
+
+#: Layouts found plain lately: id -> the layout itself.
+_PLAIN: dict[int, tuple] = {}
+_PLAIN_KEPT = 256
+
+
+def _check_plain(layout: tuple) -> bool:
+    """`_plain_layout`'s check of a tuple's entries."""
     for entry in layout:
         if type(entry) is not tuple or len(entry) != 3:
             return False
@@ -301,6 +320,8 @@ def _disagreeing(shares: list[InputShare]) -> list[str]:
     """The sites whose share differs in layout, encoding or record counting from the most common one
     (every site, if no form is held by more sites than any other)."""
     forms = [(s.layout, s.encoding, s.records == NOT_COUNTED) for s in shares]
+    if forms and all(f == forms[0] for f in forms):  # the usual case, without hashing every form
+        return []
     counts = Counter(forms)  # one pass: a round may have thousands of sites
     if len(counts) == 1:
         return []

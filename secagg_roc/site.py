@@ -44,7 +44,7 @@ from .plans.base import derived
 from .policy import Policy
 from .queries import SiteData, lookup, message_digest, quantity_digest, run_site_query
 from .queries.run import JOIN
-from .ring import FixedPoint
+from .ring import FixedPoint, shared_codec
 from .sharing import SharingScheme
 from .shared_releases import combined
 from .site_releases import NoisyReleases
@@ -316,7 +316,7 @@ class Site(NoisyReleases):
         layout, flat = flatten(values, kinds)
         codec = self._codecs.get((query.frac_bits, saturate))
         if codec is None:  # one per precision: a codec derives its range limits when it is made
-            codec = FixedPoint(query.frac_bits, max_sites=self.n_sites, saturate=saturate)
+            codec = shared_codec(query.frac_bits, self.n_sites, saturate)
             self._codecs[(query.frac_bits, saturate)] = codec
         encoding = codec.encoding_for(flat)
         try:

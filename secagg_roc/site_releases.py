@@ -20,7 +20,7 @@ from .ledger import Ledger, LedgerEntry
 from .messages import InputShare, Query
 from .plans import RunInfo, Step
 from .policy import Policy
-from .queries import SiteData, canonical_params, lookup, run_site_query
+from .queries import SiteData, lookup, run_site_query
 from .ring import RawFloat
 from .sharing import SharingScheme
 
@@ -50,7 +50,8 @@ class NoisyReleases:
         and for a summed release the site noises itself its `contributors`: replayed over another set, a
         site's noise share would recur beside fresh ones and could be isolated by differencing, charged once
         (tests/test_attacks_combined.py); over another set it is drawn and charged afresh."""
-        parts = [self.study, step.query, canonical_params(step.params), self.data_digest]
+        # A step's parameters are canonical (`Step` made them so): the same text as converting them again.
+        parts = [self.study, step.query, step.params, self.data_digest]
         if contributors is not None:
             parts.append(sorted(contributors))
         blob = _SORTED_JSON(parts)

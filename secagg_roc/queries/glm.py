@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..array_digest import array_digest as _array_digest
 from ..stats.families import check_family, fisher_parts, null_parts
 from .common import labels, matrix, param, weights
 from .registry import QueryResult, SiteData, site_query
@@ -106,26 +107,6 @@ def _context_digest(public: dict[str, Any]) -> str:
         else:
             h.update(json.dumps(v, sort_keys=True, default=repr).encode())
     return h.hexdigest()
-
-
-def _array_digest(v: np.ndarray) -> bytes:
-    """SHA-256 of an array's dtype, shape and bytes; kept for read-only arrays (a plan's derived samples,
-    which every Fisher iteration reads again), which cannot change under the digest."""
-    if not v.flags.writeable:
-        hit = _ARRAY_DIGESTS.get(id(v))
-        if hit is not None and hit[0] is v:  # the very same array (held below, so its id is not reused)
-            return hit[1]
-    a = np.ascontiguousarray(v)
-    digest = hashlib.sha256(a.dtype.str.encode() + repr(a.shape).encode() + (a.tobytes() if a.size else b"")).digest()
-    if not v.flags.writeable:
-        _ARRAY_DIGESTS[id(v)] = (v, digest)
-        while len(_ARRAY_DIGESTS) > _DESIGNS_KEPT:
-            del _ARRAY_DIGESTS[next(iter(_ARRAY_DIGESTS))]
-    return digest
-
-
-#: Digests of read-only derived arrays: id -> (array, digest), the latest few.
-_ARRAY_DIGESTS: dict[int, tuple[np.ndarray, bytes]] = {}
 
 
 def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.ndarray:

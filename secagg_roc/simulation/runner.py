@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 import numpy as np
 
 from .design import N_SITES, Setting, dataset, paper_grid, split_sites, task_rng
+from .gc_pace import fewer_collections
 
 __all__ = ["FORMAT", "ResultsFileError", "design_header", "pending_tasks", "read_results", "run", "run_task",
            "run_tasks"]
@@ -104,10 +105,12 @@ def run_task(master_seed: int, setting: Setting, index: int, *, n_sites: int = N
 
 
 def run_tasks(tasks: Sequence[Task], header: dict[str, Any]) -> list[dict[str, Any]]:
-    """Records of `tasks` under the design `header` (a batch, as a worker runs it)."""
+    """Records of `tasks` under the design `header` (a batch, as a worker runs it); the garbage collector's
+    young generation is collected less often meanwhile (`gc_pace`: ~4% of a task's CPU, same results)."""
     grid = paper_grid()
     opts = {k: header[k] for k in ("n_sites", "mechanism", "ties", "alpha")}
-    return [run_task(header["master_seed"], grid[si], i, **opts) for si, i in tasks]
+    with fewer_collections():
+        return [run_task(header["master_seed"], grid[si], i, **opts) for si, i in tasks]
 
 
 def dumps(record: dict[str, Any]) -> str:

@@ -42,8 +42,9 @@ import warnings
 from typing import TYPE_CHECKING, Any, Generator, Sequence
 
 import numpy as np
-from scipy.special import ndtr, ndtri
+from scipy.special import ndtr
 
+from ..array_digest import array_digest
 from ..dp.sensitivity import L2Sensitivity
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
@@ -81,7 +82,13 @@ def binormal_auc(gamma1: float, gamma2: float) -> tuple[float, float]:
     closed = float(ndtr(gamma1 / math.sqrt(1.0 + gamma2 * gamma2)))
     from scipy.integrate import quad  # imported when used: it slows every process's start
 
-    integral, _ = quad(lambda t: float(ndtr(gamma1 + gamma2 * ndtri(t))), 0.0, 1.0, epsabs=1e-13, epsrel=1e-12, limit=200)
+    # The integrand on Python floats through scipy's scalar functions (the ufuncs' own C code, the same bits:
+    # tests/test_simulation_pace.py): quad calls it ~450 times per AUC, and a ufunc call costs more than them.
+    from scipy.special import cython_special
+
+    c_ndtr, c_ndtri = cython_special.ndtr, cython_special.ndtri
+    integral, _ = quad(lambda t: c_ndtr(gamma1 + gamma2 * c_ndtri(t)), 0.0, 1.0, epsabs=1e-13, epsrel=1e-12,
+                       limit=200)
     if abs(integral - closed) > AUC_AGREEMENT:
         warnings.warn(
             f"integrated AUC {integral:.8f} and closed form {closed:.8f} differ by more than {AUC_AGREEMENT}",
@@ -177,11 +184,10 @@ def _rocglm_declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _digest(*arrays: np.ndarray) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.ascontiguousarray(a, dtype=np.float64).tobytes())
-        h.update(b"|")
-    return h.hexdigest()
+    """The design's reference: SHA-256 over each sample's `array_digest` (dtype, shape, bytes) in order. The
+    samples are read-only, so each party hashes their bytes once for this, the released start's key and its
+    sites' design queries."""
+    return hashlib.sha256(b"".join(array_digest(np.asarray(a, dtype=np.float64)) for a in arrays)).hexdigest()
 
 
 #: The placement-value sums' query, the last round of a ROC-GLM run.

@@ -19,13 +19,13 @@ for by the analyst, neither fit hides them, Newton's from less noise
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from typing import Sequence
 
 import numpy as np
 from scipy.special import ndtri
 
+from ..array_digest import array_digest
 from .families import fisher_parts
 from .fisher import FitError, fisher_scoring
 from .survival import default_thresholds, exact_exceedance_counts, placement_numerators, threshold_fractions
@@ -58,10 +58,9 @@ def released_start(negatives: np.ndarray, positives: np.ndarray, grid: int, ties
     Kept under a digest of the samples themselves (never one a caller names), so the parties of one process
     compute it once and no caller can make another party's plan begin elsewhere.
     """
-    h = hashlib.sha256()
-    for a in (negatives, positives):  # each sample's length first: no two pairs of samples join to one string
-        h.update(np.int64(np.size(a)).tobytes() + np.ascontiguousarray(a, dtype=np.float64).tobytes())
-    key = (h.hexdigest(), int(grid), ties)
+    # Each sample's dtype and shape with its bytes: no two pairs of samples give one key. The plan's samples
+    # are read-only, so their digests are the ones its reference and its sites' queries use (hashed once).
+    key = tuple(array_digest(np.asarray(a, dtype=np.float64)) for a in (negatives, positives)) + (int(grid), ties)
     if key in _STARTS:
         start = _STARTS[key]
         return None if start is None else start.copy()
