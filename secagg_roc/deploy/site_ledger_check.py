@@ -30,6 +30,7 @@ from ..errors import ConfigError, SecAggError
 from ..ledger import Ledger
 from .http import AggregatorClient
 from .http_protocol import TransportError
+from .tls import AuthError
 from .site_fetch import SMALL_REPLY_BYTES
 from .site_log import LEDGER_PREFIX
 from .store import Store
@@ -64,8 +65,12 @@ async def _ask(client: AggregatorClient, wait_s: float) -> bytes | None:
             info = await client.info(limit=SMALL_REPLY_BYTES)
             return bytes.fromhex(str(info.get("dp_chain", "")))
         except (TransportError, SecAggError, ValueError) as exc:
-            if loop.time() + delay > give_up:
-                log.warning("could not ask %s which DP releases it saw from this site: %s", client.name, exc)
+            if isinstance(exc, AuthError) or loop.time() + delay > give_up:  # a TLS problem stays: no retrying
+                # Why it cannot be reached is the feed's to say (once per aggregator, with the operator's hint):
+                # said here too, every misconfigured start would print each hint twice.
+                log.warning("could not ask %s which DP releases it saw from this site; going on (it checks every "
+                            "DP share of this site itself)", client.name)
+                log.debug("asking %s for this site's DP chain: %s", client.name, exc)
                 return None
             await asyncio.sleep(delay)
             delay = min(1.0, delay * 2)
