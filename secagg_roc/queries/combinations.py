@@ -229,11 +229,65 @@ def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int]
     return cols, names
 
 
+def _longest_with_two_changes(labels: np.ndarray) -> int:
+    """The most records of a 0/1 sequence that read a*b*a* (a, b = 0, 1 either way): at most two changes."""
+    best = 0
+    for a in (labels == 0, labels == 1):
+        A = np.r_[0, np.cumsum(a)]
+        B = np.r_[0, np.cumsum(~a)]
+        # max over i <= j of A[i] + (B[j] - B[i]) + (A[n] - A[j])
+        best = max(best, int(np.max(np.maximum.accumulate(A - B) + B - A) + A[-1]))
+    return best
+
+
+def _cannot_be_near(b: np.ndarray, columns: list[np.ndarray], k: int) -> bool:
+    """Whether `b` is, for certain, no combination of `columns` (and their squares and products) but for k
+    records in the sense of `_near_combination`: two necessary conditions read from the data alone, so that a
+    site spends no fit on a pair such as a label and a score (a join of a simulated task spent 40% of its time
+    there). Conservative: where either condition cannot be shown, the fit decides.
+
+    A fit that `_near_combination` accepts misses all but k records by at most `delta`: its largest miss is at
+    most NEAR_SHARE of the spread, the others at most EXACT_SHARE of that or below the float-noise floor.
+    * Records whose columns agree get one fitted value, so their b lie within 2 delta of each other but for k
+      (groups of at most k records are passed over: `_without_lone_cells` may excuse them).
+    * A 0/1 b against one column x with many values: the fit is a polynomial of degree <= 2 in x, monotone on
+      each side of its vertex, so along x the records it keeps change class at most twice."""
+    n = b.size
+    spread = float(np.abs(b - np.median(b)).sum())
+    largest = NEAR_SHARE * spread
+    top = float(np.abs(b).max(initial=0.0)) + largest
+    delta = max(EXACT_SHARE * largest, RESOLUTION * top * np.sqrt(MAX_TERMS + 1))
+    base = np.column_stack(columns)
+    _, group = np.unique(base, axis=0, return_inverse=True)
+    group = group.reshape(-1)
+    if group.max(initial=0) + 1 < n:
+        order = np.lexsort((b, group))
+        g, v = group[order], b[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(g)) + 1]
+        misses = 0
+        for lo, hi in zip(starts, np.r_[starts[1:], n]):
+            if hi - lo > k:
+                vals = v[lo:hi]
+                within = np.searchsorted(vals, vals + 2 * delta, side="right") - np.arange(hi - lo)
+                misses += (hi - lo) - int(within.max())
+        if misses > k:
+            return True
+    values = np.unique(b)
+    if len(columns) == 1 and values.size == 2 and 2 * delta < values[1] - values[0]:
+        x = columns[0]
+        if np.unique(x).size - k >= RECORDS_PER_COLUMN * 3:  # over-determined: no lone cells excused
+            labels = (b[np.argsort(x, kind="stable")] == values[1])
+            return n - _longest_with_two_changes(labels) > k
+    return False
+
+
 def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes
            ) -> list[str] | None:
     """The arrays of a combination that `b` is near (see the module docstring), or None."""
     k = max(1, min_cell - 1)
     n = b.size
+    if _cannot_be_near(b, columns, k):
+        return None
     scale = float(np.abs(b - np.median(b)).mean()) or 1.0
     m = len(columns)
 
