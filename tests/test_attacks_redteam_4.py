@@ -70,7 +70,6 @@ import warnings
 from collections import defaultdict
 
 import numpy as np
-import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 

@@ -5,16 +5,19 @@ cases in each of the B equal-width buckets of the policy's score range (scores
 clipped to it). How they are protected:
 
 * ``histogram.counts`` (Federated): exact counts, summed securely. Every
-  bucket is a row of the bucket x label table, so the site withholds (sends
-  zeros for) the buckets where it holds 1..min_cell-1 records, cases or
-  controls, and then further buckets until what it withholds is 0 or at least
-  ``min_cell`` (`stats.binning.released_cells`, as the calibration curve does),
-  within each of ``groups`` runs of adjacent buckets (the calibration bins the
-  buckets nest in, so that a calibration bin minus the histogram's released
-  buckets inside it gives back no small cell). With groups, a score on a
-  calibration edge counts in the last bucket of its (right-closed) calibration
-  bin, so the groups nest exactly, and further whole groups are withheld until
-  the site's whole withheld remainder is 0 or at least ``min_cell`` too.
+  bucket is a row of the bucket x label table, for the run's label and for
+  every other label the policy names (``labels``, `queries.label_cells`: any
+  label's total less released buckets is its cross-table with them), so the
+  site withholds (sends zeros for) the buckets where it holds 1..min_cell-1
+  records, or of a class of any of those labels, and then further buckets
+  until what it withholds is 0 or at least ``min_cell`` in records and in
+  every class (`stats.binning.released_cells`, as the calibration curve does).
+  With ``groups`` (the calibration bins the buckets nest in) a score on a
+  calibration edge counts in the last bucket of its (right-closed)
+  calibration bin, so the groups nest exactly; the site withholds whole the
+  groups the calibration curve withholds (`nested_cells`), and applies the
+  rule within each other group, so that a calibration bin minus the
+  histogram's released buckets inside it gives back no small cell.
 * ``histogram.distdp`` (DistDP): exact counts plus this site's Pólya share of
   discrete Laplace noise (`dp.discrete`), summed securely: only the noisy
   total exists anywhere. Charged to the site's budget, drawn once per
