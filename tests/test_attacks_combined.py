@@ -60,9 +60,10 @@ def test_histogram_remainder_minus_a_glms_class_total_is_never_one_records_label
     minus its buckets gives back nothing small), but a bin holding 1..4 records at a site was withheld
     whole, and nothing topped it up: the join's record total minus the histogram's released counts was
     that small group, and the class total of an intercept-only GLM minus the released cases was its labels.
-    Here h2's one record above 0.9 (a case) came back as "1 record withheld, a case". Fixed in
-    `queries.histograms.whole_remainder`: further whole groups are withheld until the site's whole remainder
-    (records, cases, controls) is 0 or >= min_cell_count."""
+    Here h2's one record above 0.9 (a case) came back as "1 record withheld, a case". Fixed then by
+    withholding further whole groups until the site's whole remainder (records, cases, controls) was 0 or
+    >= min_cell_count; now `queries.histograms.nested_cells` decides the groups as the calibration curve decides
+    its bins (whose secondary suppression tops the remainder up), and the rule holds within the others."""
     data = {f"h{k}": _clean_site(10) for k in range(3)}
     d = data["h2"]
     d["y"], d["p"] = np.r_[d["y"], 1], np.r_[d["p"], 0.97]

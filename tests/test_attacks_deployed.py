@@ -56,6 +56,7 @@ from secagg_roc.policy import DPPolicy, Policy
 from secagg_roc.queries import QUERIES
 from secagg_roc.queries.run import JOIN
 from secagg_roc.ring import encode_raw
+from secagg_roc.stats.calibration import cell_labels
 
 from deploy_client import After, call_as, join_query, make_query, site_ledger
 
@@ -532,7 +533,8 @@ def test_crafted_bins_cells_iterates_and_broadcasts_are_refused(strict) -> None:
         # A joined calibration run, then its round with the analyst's own minimum cell: every site refuses.
         args = canon(cl, "calibration", {"label": "y", "score": "score"})
         study.aggregate(JOIN, join_params("cells", "calibration", args, digest))
-        crafted = {"run": "cells", "step": 1, **args, "score_range": [0.0, 1.0], "min_cell": 1}
+        crafted = {"run": "cells", "step": 1, **args, "score_range": [0.0, 1.0], "min_cell": 1,
+                   "labels": cell_labels(cl.config.policy)}
         started = time.monotonic()
         with pytest.raises(PolicyError, match="round 1 of run 'cells' \\(calibration\\) does not follow the plan: "
                                               "its parameter 'min_cell' differs"):
@@ -1090,7 +1092,8 @@ def test_interleaved_runs_each_follow_their_own_plan_and_set(trio) -> None:
     # Their steps, interleaved (b's first), each the next step of its own run; a's step under b's run is refused.
     common = {"label": "y", "score": "score", "score_range": [0.0, 1.0], "contributors": sorted(everyone)}
     sb = make_query(cl.config.study_id, n + 2, "calibration.bins",
-                    {"run": "inter-b", "step": 1, **common, "n_bins": 5, "min_cell": 5})
+                    {"run": "inter-b", "step": 1, **common, "n_bins": 5, "min_cell": 5,
+                     "labels": cell_labels(cl.config.policy)})
     sa = make_query(cl.config.study_id, n + 3, "calibration.brier", {"run": "inter-a", "step": 1, **common})
     crossed = make_query(cl.config.study_id, n + 4, "calibration.brier", {"run": "inter-b", "step": 2, **common})
     for q in (sb, sa, crossed):

@@ -166,8 +166,13 @@ def test_calibration_bins_and_released_cells_cannot_be_chosen():
         sr.calibration_curve(study, "y", "score", n_bins=3)
     _join(study, "calibration", {"label": "y", "score": "score", "n_bins": 10}, run="c1")
     crafted = {"run": "c1", "step": 1, "label": "y", "score": "score", "n_bins": 10, "min_cell": 1,
-               "score_range": [0.0, 1.0]}
+               "score_range": [0.0, 1.0], "labels": sorted(ROLES["label"])}
     with pytest.raises(PolicyError, match="does not follow the plan: its parameter 'min_cell'"):
+        study.aggregate("calibration.bins", crafted)
+    # Nor the labels every site judges its bins by (none but the run's own would withhold less).
+    _join(study, "calibration", {"label": "y", "score": "score", "n_bins": 10}, run="c2")
+    crafted = {**crafted, "run": "c2", "min_cell": 5, "labels": []}
+    with pytest.raises(PolicyError, match="does not follow the plan: its parameter 'labels'"):
         study.aggregate("calibration.bins", crafted)
 
 

@@ -18,9 +18,12 @@ their squares and products, by least trimmed squares):
 * a label that is the AND of two labels but in one record (one of them also a weight): a weighted and a plain
   GLM gave that record's covariate.
 
-Not fixed (a strict xfail below says how it would be): a "high risk" flag set from the score (p >= 0.5) but
-overridden in one patient: the histogram's counts above 0.5 (317, from a histogram of another label) less the
-flag's GLM total (316) tell that one override exists, a cell of one.
+Fixed after the round: a "high risk" flag set from the score (p >= 0.5) but overridden in one patient: the
+histogram's counts above 0.5 (317, from a histogram of another label) less the flag's GLM total (316) told that
+one override exists, a cell of one. The binned analyses now judge every label the policy names
+(`queries.label_cells`): each released bucket or bin, and the withheld remainder, holds 0 or >= min_cell_count
+records of each class of every label at the site, so any union of released cells does too (a threshold, or a
+band such as an "intermediate risk" flag, which a rule per edge would have missed).
 
 Fixed after the round (found through the demo): the implied reference level of one-hot covariate columns
 crossed with the label. One GLM gave the level's count and label sum by difference; the demo's two training
@@ -67,7 +70,6 @@ import warnings
 from collections import defaultdict
 
 import numpy as np
-import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -343,33 +345,57 @@ def _flagged(override: bool) -> dict:
 _FLAG_POLICY = Policy(roles={"label": ["y", "flag"], "score": ["p"], "covariate": ["age"]}, histogram_bins=10)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VULN: a label's total (any analysis) less the counts above an edge that a Federated histogram or uniform "
-    "calibration curve of ANOTHER label releases is the label's cross-table with the threshold off its "
-    "diagonal: a flag set from the score and overridden in one patient tells that one override exists. A "
-    "site-side rule (refuse a label equal to a threshold of a score on the policy's bins but for 1..q-1 "
-    "records) was built and dropped: it refused honest sharp models (a calibrated score near 0 and 1, whose "
-    "few confident misses are the same small cell). The fix belongs to the binned analyses: a site releases a "
-    "bucket's or bin's count only where, for EVERY label the policy names, the label's classes above and below "
-    "each edge hold 0 or >= min_cell_count records at the site (a cumulative cell rule over all labels, not "
-    "only the run's), withholding otherwise as it withholds small cells today; that changes what the "
-    "histogram and calibration protocols release (score-histograms.toml, declared-analysis.toml)."))
+def _above(h: sr.ScoreHistogram, cut: int) -> float:
+    return float(np.sum(np.asarray(h.negatives)[cut:]) + np.sum(np.asarray(h.positives)[cut:]))
+
+
 def test_a_flag_that_is_a_threshold_of_the_score_but_in_one_record_does_not_tell_that_one_override_exists():
     # "high risk" = p >= 0.5 but overridden in one patient. The histogram of (y, p) gave how many records score
-    # 0.5 or more (317); the flag's GLM its sum (316): one override exists, a cell of one record.
-    texts = set()
+    # 0.5 or more (317); the flag's GLM its sum (316): one override exists, a cell of one record. Now every
+    # label's classes in a released bucket (and in the withheld remainder) are 0 or >= Q at each site: h1
+    # withholds the override's bucket, so the count above 0.5 is known only up to >= Q withheld records, and
+    # an exact threshold fits the releases as well as one override does (that some site withheld some small
+    # cell of some label is the withholding's own bit, as for every small cell).
     for override in (True, False):
         spy = Spy(sr.Study.local(_flagged(override), policy=_FLAG_POLICY))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             h = sr.score_histogram(spy.study, "y", "p")
-        above = float(np.sum(np.asarray(h.negatives)[5:]) + np.sum(np.asarray(h.positives)[5:]))
+            curve = sr.calibration_curve(spy.study, "y", "p")
+        above = _above(h, 5)
+        curve_above = float(np.nansum(curve.count[5:]))
+        curve_withheld = curve.n_records - curve.n_released_records
         got = spy.glm_sums("flag", "age")
+        assert got is not None, spy.error  # the flag itself is an honest label: its GLM runs
         if override:
-            texts.add(got is None or got["wy"] == above)  # True: nothing tells the override apart
+            assert h.withheld >= Q and above <= got["wy"] <= above + h.withheld
+            assert curve_withheld >= Q and curve_above <= got["wy"] <= curve_above + curve_withheld
         else:
-            assert got is not None and got["wy"] == above, spy.error  # an exact threshold: the flag is used
-    assert texts == {True}
+            assert got["wy"] == above == curve_above  # an exact threshold: every bucket above 0.5 released
+
+
+def test_a_band_flag_of_the_score_overridden_in_one_record_does_not_tell_that_one_override_exists():
+    # "intermediate risk" = 0.3 < p <= 0.6 (the calibration bins' right-closed edges) but overridden in one patient: the counts of the buckets between
+    # the two edges less the flag's total were the override. A rule over the label's classes above and below
+    # each edge passes this flag (both off-diagonal cells of each edge are large); the rule per bucket does not.
+    for override in (True, False):
+        data = _flagged(False)
+        for k in range(3):
+            p = data[f"h{k}"]["p"]
+            data[f"h{k}"]["flag"] = ((p > 0.3) & (p <= 0.6)).astype(np.int64)
+        if override:
+            data["h1"]["flag"][np.flatnonzero(data["h1"]["flag"])[0]] = 0
+        spy = Spy(sr.Study.local(data, policy=_FLAG_POLICY))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            h = sr.score_histogram(spy.study, "y", "p")
+        band = _above(h, 3) - _above(h, 6)
+        got = spy.glm_sums("flag", "age")
+        assert got is not None, spy.error
+        if override:
+            assert h.withheld >= Q and band <= got["wy"] <= band + h.withheld
+        else:
+            assert got["wy"] == band  # an exact band: every bucket inside it released
 
 
 # -- 5. the implied level of one-hot columns (found through the demo) ------------------------------------------------

@@ -10,7 +10,7 @@ snapshot), though no plan sends more than a few kilobytes.
 So a live query whose text is longer than what an honest plan can send in
 this study is refused before anything reads it. What a plan sends grows only
 with lists the study fixes: the run's contributor set (every later round names
-it), and the cut points the policy allows (quantile edges: one float per
+it), the policy's label names (the binned rounds name them all), and the cut points the policy allows (quantile edges: one float per
 calibration bin or histogram bucket). The rest (array names, coefficients,
 digests, the join's arguments) is a fixed `QUERY_TEXT_BASE`. Measured over
 every round the plan runner sent in the whole test suite (1,346 tests): the
@@ -41,12 +41,14 @@ FLOAT_CHARS = 26
 def query_text_limit(policy: Policy, sites: Iterable[str]) -> int:
     """The most characters of parameters an honest plan sends in a study of `policy` over `sites`.
 
-    `QUERY_TEXT_BASE`, plus the full contributor list's JSON, plus one float per cut point of the finest
+    `QUERY_TEXT_BASE`, plus the full contributor list's JSON and the policy's label names, plus one float per cut point of the finest
     grid the policy allows (quantile edges); never above the wire's own limit.
     """
     contributors = len(json.dumps(sorted(sites), separators=(",", ":")))
+    # The binned rounds name every label of the policy (`stats.calibration.cell_labels`).
+    labels = len(json.dumps(sorted(policy.roles.get("label", ())) if policy.roles is not None else "*"))
     grid = max(policy.calibration_bins, policy.histogram_bins, policy.rocglm_thresholds) + 1
-    return min(MAX_STR, QUERY_TEXT_BASE + contributors + FLOAT_CHARS * grid)
+    return min(MAX_STR, QUERY_TEXT_BASE + contributors + labels + FLOAT_CHARS * grid)
 
 
 def check_query_text(query: Query, limit: int) -> None:

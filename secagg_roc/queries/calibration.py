@@ -4,10 +4,14 @@ The calibration curve is one round. Every site computes, for each of the
 policy's equidistant bins, its record count and its sums of predictions and
 labels, and *withholds its own cell* (sends zeros for it) when the cell holds
 fewer than the policy's ``min_cell_count`` records, or fewer positives or
-negatives (a bin's row of the bin x label table): DataSHIELD's
-``nfilter.tab`` applied at each site, as the paper's implementation applies q.
+negatives (a bin's row of the bin x label table) of the run's label or of any
+other label the policy names (``labels``, `queries.label_cells`: another
+label's total less released bins would be its cross-table with them):
+DataSHIELD's ``nfilter.tab`` applied at each site, as the paper's
+implementation applies q.
 It then withholds further cells until its withheld records are none or at
-least ``min_cell_count`` (`stats.binning.released_cells`): the withheld
+least ``min_cell_count``, and so are each label's classes among them
+(`stats.binning.released_cells`): the withheld
 remainder is a cell too, which other releases over the same records would
 let the analyst recover. Every released bin total is therefore 0 or at least
 ``min_cell_count``, and so is the remainder. Withholding is not a refusal: the
@@ -22,6 +26,7 @@ import numpy as np
 
 from ..stats.binning import bin_index, released_cells
 from .common import labels_scores, param, weights
+from .label_cells import label_marks, per_bin
 from .registry import QueryResult, SiteData, site_query
 
 
@@ -64,7 +69,9 @@ def bin_sums(site: SiteData, params: dict[str, Any]) -> QueryResult:
             raise site.fail(f"edges must be {n_bins + 1} finite non-decreasing numbers")
     idx = bin_index(p, n_bins, edges)
     count = np.bincount(idx, minlength=n_bins)
-    keep = released_cells(count, min_cell, positives=np.bincount(idx, weights=y, minlength=n_bins))
+    # Every label's classes, not only the run's: another label's total less released bins is its cross-table
+    # with them (`queries.label_cells`); the histogram's groups are decided by this same rule.
+    keep = released_cells(count, min_cell, positives=per_bin(idx, n_bins, label_marks(site, params, y, min_cell)))
     sum_pred = np.bincount(idx, weights=p, minlength=n_bins)
     sum_label = np.bincount(idx, weights=y, minlength=n_bins)
     return QueryResult(

@@ -46,23 +46,30 @@ def released_cells(counts: ArrayLike, min_cell: int, positives: ArrayLike | None
     A calibration bin releases its record count and its number of positives,
     so each bin is a row of the bin x label table: its records, its positives
     and its negatives must each be 0 or at least `min_cell` (`positives`
-    default to none). Primary suppression withholds every bin where one is not.
+    default to none). `positives` may also be a (bins x labels) matrix, one
+    column per label the policy names: a label's total (any analysis) less a
+    released union of bins is that label's cross-table with the union, so every
+    label's classes in a bin must be 0 or at least `min_cell`, not only the run's.
+    Primary suppression withholds every bin where one is not.
     Secondary suppression then withholds further bins, smallest first, until
-    the withheld records, positives and negatives are each 0 or at least
-    `min_cell`: the withheld remainder is itself a cell, which other releases
-    over the same records (a total count, a column sum, a GLM's sum of labels)
-    would let the analyst recover.
+    the withheld records, and each label's positives and negatives, are each 0
+    or at least `min_cell`: the withheld remainder is itself a cell, which other
+    releases over the same records (a total count, a column sum, a GLM's sum of
+    labels) would let the analyst recover. The mask depends on the counts and
+    the set of label columns only, never on their order or on which label the
+    run analyses, so every label's histogram or curve over a score withholds alike.
     """
     counts = np.asarray(counts, dtype=np.int64)
     pos = np.zeros_like(counts) if positives is None else np.rint(np.asarray(positives, dtype=float)).astype(np.int64)
-    parts = (counts, pos, counts - pos)
+    pos = pos.reshape(counts.size, -1)
+    parts = np.column_stack([counts, pos, counts[:, None] - pos])
 
-    def small(x: np.ndarray | int) -> np.ndarray:
+    def small(x: np.ndarray) -> np.ndarray:
         return (x > 0) & (x < min_cell)
 
-    withheld = small(counts) | small(pos) | small(counts - pos)
+    withheld = small(parts).any(axis=1)
     for b in sorted(np.nonzero((counts > 0) & ~withheld)[0], key=lambda b: (counts[b], b)):
-        if not any(small(int(part[withheld].sum())) for part in parts):
+        if not small(parts[withheld].sum(axis=0)).any():
             break
         withheld[b] = True
     return (counts > 0) & ~withheld

@@ -33,6 +33,7 @@ from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, r
 from ..policy import Policy
 from ..queries.copies import crossing_copies
 from ..queries.groups import small_groups
+from ..queries.label_cells import EVERY
 from .binning import bin_edges, quantile_edges
 from .glm import precision
 from .results import TRUSTED_HOST, TRUSTED_HOST_NOTE, CalibrationCurve
@@ -80,6 +81,12 @@ class BrierScore(float):
                 "n_records": self.n_records, "mode": self.mode, "private": self.private,
                 "note": TRUSTED_HOST_NOTE if self.mode == TRUSTED_HOST else None,
                 "contributors": None if self.contributors is None else list(self.contributors)}
+
+
+def cell_labels(policy: Policy) -> list[str] | str:
+    """The labels every site judges its released bins by (the ``labels`` parameter of the binned rounds):
+    the policy's ``roles.label``, or every 0/1 vector of the site (`queries.label_cells.EVERY`) without roles."""
+    return EVERY if policy.roles is None else sorted(policy.roles.get("label", ()))
 
 
 def probability_range(policy: Policy) -> list[float]:
@@ -248,7 +255,8 @@ def calibration_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step
     """The ``calibration`` plan: one round of per-bin counts and sums, small cells withheld at each site;
     with quantile bins, first the scores' release the edges come from."""
     policy = ctx.policy
-    params = {**args, "score_range": probability_range(policy), "min_cell": policy.min_cell_count}
+    params = {**args, "score_range": probability_range(policy), "min_cell": policy.min_cell_count,
+              "labels": cell_labels(policy)}
     edges = None
     if args.get("strategy") == "quantile":
         params.pop("strategy")

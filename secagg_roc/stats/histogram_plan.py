@@ -34,7 +34,7 @@ from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, r
 from ..policy import MAX_HISTOGRAM_BINS, Policy
 from ..queries.copies import crossing_copies
 from .binning import quantile_edges
-from .calibration import _quantile_release
+from .calibration import _quantile_release, cell_labels
 from .histogram import ScoreHistogram, equal_width_edges
 from .roc_release import SCORES, array_name, check_score_range
 
@@ -158,6 +158,7 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
     if privacy == "federated":
         params["min_cell"] = policy.min_cell_count
         params["groups"] = suppression_groups(policy, args["bins"])
+        params["labels"] = cell_labels(policy)  # every label's classes, as the calibration curve withholds
     else:
         params["epsilon"] = args["epsilon"]
     if privacy == "distdp":
