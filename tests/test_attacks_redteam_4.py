@@ -535,3 +535,25 @@ def test_the_implied_level_of_one_hot_columns_is_judged_exactly_as_a_level(level
     assert named == (small and levels > 2), problems  # one indicator: its 0 value is a level it checks itself
     if levels == 2:
         assert any("X[0]" in p for p in problems) == small, problems
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(20, 120), kind=st.sampled_from(["label", "score"]),
+       off=st.integers(0, 3))
+def test_the_screen_before_the_fit_never_clears_a_near_combination(seed, n, kind, off):
+    """`_cannot_be_near` may spare a fit only where the fit finds nothing: a label that is a threshold of a
+    score, or a score that is affine in a label, but for `off` records, and unrelated pairs."""
+    from secagg_roc.queries import combinations as cb
+
+    rng = np.random.default_rng(seed)
+    y = (rng.random(n) < 0.5).astype(float)
+    x = np.round(rng.random(n), 3)
+    if kind == "label":
+        b, columns = (x > 0.5).astype(float), [x]
+    else:
+        b, columns = 0.2 + 0.5 * y, [y]
+    b[:off] = 1.0 - b[:off] if kind == "label" else rng.random(off)
+    k = Q - 1
+    fitted = cb._near_combination(b, np.column_stack(cb._terms(columns, ["a"], [0])[0]), Q, b"\0" * 8)
+    if cb._cannot_be_near(b, columns, k):
+        assert fitted is None
