@@ -66,9 +66,10 @@ MAX_TERMS = 48
 #: them all by more (sqrt age by a quadratic in age and log age: 6e-9 and above).
 IDENTITY = 1e-12
 #: A miss below this fraction of the arrays' magnitude is no record's value: 14 smooth terms in age fit sqrt age
-#: to float noise (median 1e-13) but for up to 4e-8 of it at the extremes. (A record off an identity by less is
-#: not seen.)
-MATERIAL = 1e-6
+#: to float noise (median 1e-13) but for up to 4e-8 of it at the extremes, and up to 1.7e-5 at a lone age five
+#: standard deviations out (3 of 3,000 random sites at 1e-6, which refused them; none at 1e-4). A record off
+#: an identity by less than this is not seen.
+MATERIAL = 1e-4
 #: A combination must hold on all but min_cell - 1 records to this share of its largest miss, and exactly (to
 #: float noise) on at least half the records: several smooth transforms of one covariate approximate another
 #: (age by age^2 and log age to 1e-4 years, misses largest at the extremes: 4e-2), which is an approximation,
