@@ -254,6 +254,20 @@ def _cannot_be_near(b: np.ndarray, columns: list[np.ndarray], k: int) -> bool:
     * A 0/1 b against one column x with many values: the fit is a polynomial of degree <= 2 in x, monotone on
       each side of its vertex, so along x the records it keeps change class at most twice."""
     n = b.size
+    if len(columns) == 1 and n > 1:  # the second condition first, counted cheaply: each record kept out
+        lo, hi = float(b.min()), float(b.max())  # removes at most two changes of class
+        x = columns[0]
+        order = np.argsort(x, kind="stable")
+        labels = b[order] == hi
+        if hi > lo and np.all(labels | (b[order] == lo)):
+            minority = min(int(labels.sum()), n - int(labels.sum()))
+            gap = hi - lo  # the spread of a 0/1 array is its minority's count times the gap
+            delta = max(EXACT_SHARE * NEAR_SHARE * minority * gap,
+                        RESOLUTION * (max(abs(lo), abs(hi)) + NEAR_SHARE * minority * gap) * np.sqrt(MAX_TERMS + 1))
+            distinct = int(np.count_nonzero(np.diff(x[order]))) + 1
+            if 2 * delta < gap and distinct - k >= RECORDS_PER_COLUMN * 3 \
+                    and int(np.count_nonzero(labels[1:] != labels[:-1])) > 2 + 2 * k:
+                return True
     spread = float(np.abs(b - np.median(b)).sum())
     largest = NEAR_SHARE * spread
     top = float(np.abs(b).max(initial=0.0)) + largest
