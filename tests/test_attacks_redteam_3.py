@@ -22,9 +22,6 @@ other units, exact complements, exact recalibrations, unrelated arrays of one ro
 
 from __future__ import annotations
 
-import re
-import warnings
-from collections import defaultdict
 
 import numpy as np
 import pytest
@@ -36,40 +33,9 @@ from secagg_roc import Policy
 from secagg_roc.queries import SiteData
 from secagg_roc.queries.copies import _out_of_order, near_copies
 
+from analyst_spy import Spy
+
 Q = 5  # the default policy's min_cell_count
-
-
-class Spy:
-    """Every total the analyst receives: run -> [(query, totals)]; the last refusal."""
-
-    def __init__(self, study):
-        self.study, self.runs, self.error = study, defaultdict(list), None
-        aggregate = study.aggregate
-
-        def agg(query, params=None, *, frac_bits=None):
-            totals = aggregate(query, params, frac_bits=frac_bits)
-            self.runs[(params or {}).get("run")].append((query, totals))
-            return totals
-
-        study.aggregate = agg
-
-    def attempt(self, analysis, *args, **kwargs):
-        """The analysis's result, or None if it was refused (the refusal is kept in `error`)."""
-        self.error = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                return analysis(self.study, *args, **kwargs)
-            except sr.SecAggError as exc:
-                self.error = exc
-                return None
-
-    def refusal(self) -> str:
-        return re.sub(r"run '[0-9a-f]+'", "run R", str(self.error))
-
-    def released(self) -> list[str]:
-        """The queries whose totals reached the analyst beyond the joins (record counts)."""
-        return [q for run in self.runs.values() for q, _ in run if q != "run.join"]
 
 
 def _sites(seed: int = 1, n: int = 40) -> dict:

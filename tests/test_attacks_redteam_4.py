@@ -65,9 +65,7 @@ Attacks that held (no change needed), each checked here or in the earlier files:
 
 from __future__ import annotations
 
-import re
 import warnings
-from collections import defaultdict
 
 import numpy as np
 from hypothesis import assume, given, settings
@@ -78,34 +76,19 @@ from secagg_roc import Policy
 from secagg_roc.queries import SiteData
 from secagg_roc.queries.combinations import near_combinations
 
+import analyst_spy
+
 Q = 5  # the default policy's min_cell_count
 
 
-class Spy:
-    """Every total the analyst receives, by run; the last refusal."""
-
-    def __init__(self, study):
-        self.study, self.runs, self.error = study, defaultdict(list), None
-        aggregate = study.aggregate
-
-        def agg(query, params=None, *, frac_bits=None):
-            totals = aggregate(query, params, frac_bits=frac_bits)
-            self.runs[(params or {}).get("run")].append((query, totals))
-            return totals
-
-        study.aggregate = agg
+class Spy(analyst_spy.Spy):
+    """`analyst_spy.Spy` that also decodes a GLM's first sums."""
 
     def glm_sums(self, label: str, covariate: str, weights: str | None = None) -> dict[str, float] | None:
         """sum w, sum w y, sum w x, sum w y x and sum x^2 decoded from a logit GLM's first rounds (beta = 0),
         or None if the run released nothing beyond its join."""
         before = set(self.runs)
-        self.error = None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                sr.fit_glm(self.study, label, covariate, weights=weights, max_iter=1)
-            except sr.SecAggError as exc:
-                self.error = exc
+        self.attempt(sr.fit_glm, label, covariate, weights=weights, max_iter=1)
         got: dict = {}
         for run in [r for r in self.runs if r not in before]:
             for query, totals in self.runs[run]:
@@ -122,12 +105,6 @@ class Spy:
         swx = 4 * s * info[1] + c * sw
         return {"w": sw, "wy": swy, "wx": swx, "wyx": s * score[1] + c * swy + 0.5 * (swx - c * sw),
                 "xx": ssd + rows * c * c}
-
-    def released(self) -> list[str]:
-        return [q for run in self.runs.values() for q, _ in run if q != "run.join"]
-
-    def refusal(self) -> str:
-        return re.sub(r"run '[0-9a-f]+'", "run R", str(self.error))
 
 
 def _differences(spy: Spy, labels: tuple[str, str, str], covariates: tuple[str, str, str],
