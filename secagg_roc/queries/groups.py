@@ -157,12 +157,20 @@ def _implied_levels(categorical: list[tuple[str, np.ndarray]]) -> list[tuple[str
     sums give it by difference: its count is n less the columns' sums, and its cell with the label sum(y) less
     the columns' sums of y. So it is judged as one more categorical column: its own count and its cross-tables
     with the labels and the other categorical columns."""
-    indicators = [(name, column) for name, column in categorical if np.all((column == 0) | (column == 1))]
+    # Any column of two values is an indicator, either way round: 2 x (level A) or A + 1 codes level A as well
+    # as A does, and its sums give the implied level just the same (red team 5).
+    indicators = []
+    for name, column in categorical:
+        values = np.unique(column)
+        if values.size == 2:
+            indicators += [(name, (column == values[1]).astype(float)), (f"{name} != {values[1]:g}",
+                                                                         (column == values[0]).astype(float))]
     groups = _exclusive_groups([column for _, column in indicators])
     if len(groups) > MAX_INDICATOR_GROUPS:
         return None
-    return [(f"{IMPLIED} {', '.join(indicators[i][0] for i in group)} are 0",
-             1.0 - np.sum([indicators[i][1] for i in group], axis=0)) for group in groups]
+    levels = [(f"{IMPLIED} {', '.join(indicators[i][0] for i in group)} are 0",
+               1.0 - np.sum([indicators[i][1] for i in group], axis=0)) for group in groups]
+    return [(name, level) for name, level in levels if np.any(level)]  # (a column and its complement: none)
 
 
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
