@@ -17,6 +17,7 @@ import secagg_roc as sr
 from secagg_roc import DPPolicy, Policy, PolicyError
 from secagg_roc.plans.runner import join_params
 from secagg_roc.ring import encode_raw
+from secagg_roc.stats.calibration import cell_labels
 
 DP = DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=0.6, budget_delta=0.6)
 ROLES = {"label": ["y"], "score": ["score"], "covariate": ["age"]}
@@ -166,7 +167,7 @@ def test_calibration_bins_and_released_cells_cannot_be_chosen():
         sr.calibration_curve(study, "y", "score", n_bins=3)
     _join(study, "calibration", {"label": "y", "score": "score", "n_bins": 10}, run="c1")
     crafted = {"run": "c1", "step": 1, "label": "y", "score": "score", "n_bins": 10, "min_cell": 1,
-               "score_range": [0.0, 1.0], "labels": sorted(ROLES["label"])}
+               "score_range": [0.0, 1.0], "labels": cell_labels(study.policy)}
     with pytest.raises(PolicyError, match="does not follow the plan: its parameter 'min_cell'"):
         study.aggregate("calibration.bins", crafted)
     # Nor the labels every site judges its bins by (none but the run's own would withhold less).

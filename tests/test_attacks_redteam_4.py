@@ -148,8 +148,11 @@ def test_a_composite_outcome_off_its_parts_in_one_record_does_not_give_that_reco
         assert spy.released() == []
         texts.add(spy.refusal())
     (text,) = texts
-    assert "site 'h1' does not take part" in text and "label d90 is a combination of d30, d31_90 but for " \
-        "fewer than 5 records" in text
+    # The three 0/1 labels are exclusive indicators too (alive = d90 != 1, d30, d31_90): the record is the level
+    # where all three are 0, judged across the policy's labels before the combination rule looks.
+    assert "site 'h1' does not take part" in text and (
+        "the level where all of d90 != 1, d30, d31_90 are 0 has a cell of fewer than 5 records" in text
+        or "label d90 is a combination of d30, d31_90 but for fewer than 5 records" in text)
     assert "47.3" not in text and "71.9" not in text
 
 
@@ -571,12 +574,6 @@ def _three_levels(c_positives: int) -> dict:
     return out
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VULN (red team 5): the implied level of one-hot columns is judged inside one analysis only: a GLM over A "
-    "and another over B (each passes alone) give sum y - sum y A - sum y B, the implied level C's positives, a "
-    "cell of 1..q-1. Fix: judge implied levels over every two-valued covariate the policy names at the site, "
-    "not only the analysis's (as the binned analyses judge every label), at the cost of refusing analyses of a "
-    "factor's other levels where one level is rare."))
 def test_one_hot_columns_in_separate_glms_do_not_give_the_implied_levels_cell():
     spy = Spy(sr.Study.local(_three_levels(1), policy=Policy(roles={"label": ["y"], "covariate": ["A", "B", "x"]})))
     a, b = spy.glm_sums("y", "A"), spy.glm_sums("y", "B")
@@ -584,12 +581,6 @@ def test_one_hot_columns_in_separate_glms_do_not_give_the_implied_levels_cell():
     assert learned is None or not 0 < round(learned, 6) < Q, learned
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VULN (red team 5): the every-label cell rule of the binned analyses judges the policy's labels only: a 0/1 "
-    "flag in the covariate role (a threshold of the score overridden in one patient) gives the override from a "
-    "histogram's count above the threshold less the flag's GLM sum. Fix: judge two-valued covariates and weights "
-    "per bin too; they were left out because it empties the demo's calibration curve (its 0/1 covariates at "
-    "sites of ~50 records)."))
 def test_a_flag_in_the_covariate_role_does_not_tell_that_one_override_exists():
     policy = Policy(roles={"label": ["y"], "score": ["p"], "covariate": ["age", "flag"]}, histogram_bins=10)
     spy = Spy(sr.Study.local(_flagged(True), policy=policy))

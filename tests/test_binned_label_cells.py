@@ -111,3 +111,38 @@ def test_honest_histograms_and_curves_still_release_with_more_labels():
             curve = sr.calibration_curve(study, "y", "p")
         released[len(labels)] = (h.withheld, curve.n_released_records)
     assert released[2] == released[1] and released[2][0] <= 30 and released[2][1] >= 570, released
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(20, 120), coding=st.sampled_from([(0, 1), (0, 2), (3, 1)]))
+def test_one_hot_covariates_and_their_implied_level_hold_no_small_class_in_any_released_bucket(seed, n, coding):
+    """Covariates A and B one-hot a factor of three levels that follows the score (coded by any two values):
+    their totals less released buckets, and n less both, are cells too. Every released bucket and the
+    withheld remainder hold 0 or >= Q records of each class of A, of B and of the implied level C."""
+    rng = np.random.default_rng(seed)
+    p = np.round(rng.random(n), 2)
+    level = np.digitize(p, [0.3, 0.7])  # C below 0.3, A between, B above
+    level[rng.choice(n, size=int(rng.integers(0, 4)), replace=False)] = rng.integers(0, 3)  # a few overrides
+    off, on = coding
+    data = {"y": (rng.random(n) < p).astype(np.int64), "p": p,
+            "A": np.where(level == 1, on, off), "B": np.where(level == 2, on, off)}
+    hist, _ = _releases(data, "y", ["A", "B", "y"])
+    fine = (p * BINS).astype(int).clip(0, BINS - 1)
+    kept = np.isin(fine, np.flatnonzero(hist))
+    marks = {"A": level == 1, "B": level == 2, "C": level == 0}
+    judged = [k for k, m in marks.items() if not _small(np.bincount(m.astype(int), minlength=2))]
+    for piece in [fine == b for b in np.flatnonzero(hist)] + [~kept]:
+        for name in judged:
+            assert not _small(np.bincount(marks[name][piece].astype(int), minlength=2)), (name, piece.sum())
+
+
+def test_covariates_and_weights_are_judged_where_the_policy_lets_an_analysis_release_their_totals():
+    from secagg_roc.stats.calibration import cell_labels
+
+    roles = {"label": ["y"], "score": ["p"], "covariate": ["X"], "weight": ["w"]}
+    assert cell_labels(Policy(roles=roles)) == ["X", "w", "y"]  # every analysis allowed: the GLM among them
+    only = dict(roles=roles, analyses=("rocglm", "calibration", "score_histogram"))
+    assert cell_labels(Policy(**only)) == ["y"]  # none releases a covariate's or a weight's total
+    assert cell_labels(Policy(**{**only, "analyses": ("calibration", "sum")})) == ["X", "y"]
+    assert cell_labels(Policy(**{**only, "analyses": ("calibration", "brier")})) == ["w", "y"]
+    assert cell_labels(Policy()) == "*"  # no roles: every array the site holds

@@ -20,7 +20,8 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   weights holds every one of its values in 0
   or at least ``min_cell`` records, and so does every cell of its cross-table
   with the label and with every other categorical column of the analysis (the implied reference level of
-  indicator columns that are never 1 together, such as one-hot columns, counted as one more column); and
+  indicator columns that are never 1 together, such as one-hot columns, counted as one more column, and
+  judged across analyses too: `queries.implied_levels`); and
   no covariate or weight is constant at the site: a site-level value (a
   hospital's size, "teaching hospital") would single out the sites that share
   it, inside a run over all of them; and no weight is dominated by a few
@@ -41,11 +42,16 @@ by declaring which arrays may play which role.
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import numpy as np
 
+from . import implied_levels
+from .implied_levels import IMPLIED
 from .registry import SiteData
+
+if TYPE_CHECKING:
+    from ..policy import Policy
 
 #: Columns with at most this many distinct values at a site are categorical.
 CATEGORICAL_LEVELS = 10
@@ -85,7 +91,7 @@ DOMINANCE_SHARE = 0.5
 WEIGHT_RESOLUTION = 1e-3
 
 
-def _coarse(weights: np.ndarray) -> np.ndarray:
+def coarse_weights(weights: np.ndarray) -> np.ndarray:
     top = float(np.max(np.abs(weights), initial=0.0))
     return weights if top == 0 else np.round(weights / (top * WEIGHT_RESOLUTION)) * (top * WEIGHT_RESOLUTION)
 
@@ -119,60 +125,6 @@ def _dominated(weights: np.ndarray, min_cell: int) -> bool:
     return _spread_dominated(weights, min_cell)
 
 
-#: How the implied level of indicator columns that are never 1 together is named in refusals.
-IMPLIED = "the level where all of"
-
-#: At most this many groups of indicators that are never 1 together are judged (each one's implied level).
-MAX_INDICATOR_GROUPS = 256
-
-
-def _exclusive_groups(indicators: list[np.ndarray]) -> list[list[int]]:
-    """The maximal sets of 0/1 columns no record has two of (Bron-Kerbosch over the "never 1 together" graph)."""
-    m = len(indicators)
-    ones = [c != 0 for c in indicators]
-    apart = [{j for j in range(m) if j != i and not np.any(ones[i] & ones[j])} for i in range(m)]
-    groups: list[list[int]] = []
-
-    def grow(chosen: set[int], candidates: set[int], excluded: set[int]) -> None:
-        if len(groups) > MAX_INDICATOR_GROUPS:
-            return
-        if not candidates and not excluded:
-            if len(chosen) > 1:
-                groups.append(sorted(chosen))
-            return
-        for i in sorted(candidates):
-            grow(chosen | {i}, candidates & apart[i], excluded & apart[i])
-            candidates = candidates - {i}
-            excluded = excluded | {i}
-
-    grow(set(), set(range(m)), set())
-    return groups
-
-
-def _implied_levels(categorical: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]] | None:
-    """The implied (reference) level of every maximal group of 0/1 columns that are never 1 together, as a
-    column; None if there are more than `MAX_INDICATOR_GROUPS` such groups (too many to judge).
-
-    One-hot columns of a factor (grade II, grade III) leave its reference level (grade I) implicit, but a GLM's
-    sums give it by difference: its count is n less the columns' sums, and its cell with the label sum(y) less
-    the columns' sums of y. So it is judged as one more categorical column: its own count and its cross-tables
-    with the labels and the other categorical columns."""
-    # Any column of two values is an indicator, either way round: 2 x (level A) or A + 1 codes level A as well
-    # as A does, and its sums give the implied level just the same (red team 5).
-    indicators = []
-    for name, column in categorical:
-        values = np.unique(column)
-        if values.size == 2:
-            indicators += [(name, (column == values[1]).astype(float)), (f"{name} != {values[1]:g}",
-                                                                         (column == values[0]).astype(float))]
-    groups = _exclusive_groups([column for _, column in indicators])
-    if len(groups) > MAX_INDICATOR_GROUPS:
-        return None
-    levels = [(f"{IMPLIED} {', '.join(indicators[i][0] for i in group)} are 0",
-               1.0 - np.sum([indicators[i][1] for i in group], axis=0)) for group in groups]
-    return [(name, level) for name, level in levels if np.any(level)]  # (a column and its complement: none)
-
-
 def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
     """Labels of an analysis with a class of 1..min_cell-1 records at `site` (checked for every analysis)."""
     return [
@@ -183,8 +135,31 @@ def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: in
     ]
 
 
-def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain) -> list[str]:
-    """Covariates and weights of an analysis that would single out a small group at `site`; [] if none."""
+def _pool_columns(site: SiteData, pool: Iterable[tuple[str, str]], n: int, names: Names) -> list[tuple[str, np.ndarray]]:
+    """The columns of the `pool` arrays (role, name) the site holds with one row per record (weights coarse)."""
+    out = []
+    for role, array in pool:
+        a = site.arrays.get(array)
+        if a is None or np.ndim(a) == 0 or np.shape(a)[0] != n or np.asarray(a).dtype.kind not in "biuf":
+            continue  # not an array an analysis of these records could read here
+        out += [(name, coarse_weights(column) if role == "weight" else column) for name, column in _columns(site, array, names)]
+    return out
+
+
+def policy_pool(policy: "Policy", site: SiteData) -> list[tuple[str, str]]:
+    """The (role, array) pairs whose two-valued columns `small_groups` judges across analyses: every label,
+    covariate and weight the policy names, or every array of the site (in both roles) if it names none."""
+    if policy.roles is None:
+        return [(role, array) for array in sorted(site.arrays) for role in ("covariate", "weight")]
+    return [(role, array) for role in ("label", "covariate", "weight") for array in policy.roles.get(role, ())]
+
+
+def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, names: Names = _plain,
+                 pool: Iterable[tuple[str, str]] = ()) -> list[str]:
+    """Covariates and weights of an analysis that would single out a small group at `site`; [] if none.
+
+    `pool` names the other arrays (role, name) whose two-valued columns may give the analysis's implied
+    levels by difference with another analysis (`policy_pool`: what the policy lets play those roles)."""
     uses = list(uses)
     # The analysis's own arrays say how many records it reads: `site.records()` is 0 when any other array the
     # site holds (a scalar "version" entry of an npz file) has another length, which switched every check off.
@@ -205,7 +180,7 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
                     continue
                 # Weights are judged at a coarse resolution: 1 + 1e-6 u with one 0, or a site's 50 + 1e-6 u,
                 # are categorical or constant in effect (the unweighted run differences them out).
-                column = _coarse(column)
+                column = coarse_weights(column)
             values, counts = np.unique(column, return_counts=True)
             if values.size == 1:
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
@@ -219,13 +194,15 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if role == "covariate" and not rare and _spread_dominated(column, min_cell):
                 # One far outlier (or a rare binary jittered into distinct values): sum y * x would be its label.
                 problems.append(f"covariate {name} is dominated by fewer than {min_cell} records here")
-    implied = _implied_levels(categorical)
-    if implied is None:  # the site's own columns; a refusal rather than a join that takes minutes
-        problems.append("the covariates' indicator columns form too many groups never 1 together to judge here")
+    own = list(categorical)  # (the labels' part in a group's implied level is its cross-table with them)
+    implied = implied_levels.within(own)
+    if implied is None:
+        problems.append(implied_levels.TOO_MANY)
     categorical += implied or []
     for name, column in categorical:
         if name.startswith(IMPLIED) and _small(np.unique(column, return_counts=True)[1], min_cell):
             problems.append(f"{name} is held by fewer than {min_cell} records here")
+    problems += implied_levels.across(own, _pool_columns(site, pool, sizes[0], names), labels + categorical, min_cell)
     for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
         if _cross_small(a, b, min_cell):
             problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")

@@ -1,4 +1,4 @@
-"""Every label's classes per bin, for the binned analyses' withholding (run by each Site).
+"""Every label's and flag's classes per bin, for the binned analyses' withholding (run by each Site).
 
 A Federated histogram and a calibration curve release per-bin record counts.
 Any label's total (a GLM's, another run's) less the counts of a union of
@@ -13,14 +13,22 @@ each class too, whatever the union (a threshold, or a band such as an
 "intermediate risk" flag). A cumulative rule (each label's classes above and
 below each released edge) would withhold less but miss bands.
 
-The round's ``labels`` parameter names the labels: the policy's
-``roles.label`` (the plan sends it, and each site checks the round against
-its own copy of the plan), or ``"*"`` when the policy declares no roles, for
-every 0/1 vector the site holds (any array may then be a label). Arrays the
-site lacks, of another length, not 0/1, or with a class of 1..min_cell-1
-records at the site are skipped: they cannot be a label of a run at this site
-(its checks refuse them), and skipping them tells nothing (the withholding is
-not a refusal).
+Flags count as labels. A 0/1 covariate or weight (any two-valued column, of
+a vector or of a matrix) has its total released by a GLM, a column sum or a
+weighted Brier score, and that total less a union of bins is the flag's
+cross-table with the union just as a label's is (red team 5: a "high risk"
+covariate beside a histogram). So is the implied level of flags never 1
+together (one-hot columns: n less their sums), so those are judged too.
+
+The round's ``labels`` parameter names the arrays: the policy's
+``roles.label``, and its covariates and weights where an analysis it allows
+releases their totals (`stats.calibration.cell_labels`; the plan sends it,
+and each site checks the round against its own copy of the plan), or ``"*"``
+when the policy declares no roles, for every array the site holds. Arrays the
+site lacks, of another length, not two-valued, or with a class of
+1..min_cell-1 records at the site are skipped: they cannot be a label or a
+covariate of a run at this site (its checks refuse them), and skipping them
+tells nothing (the withholding is not a refusal).
 """
 
 from __future__ import annotations
@@ -29,25 +37,43 @@ from typing import Any
 
 import numpy as np
 
+from . import implied_levels
+from .groups import coarse_weights as coarse
 from .registry import SiteData
 
-#: The ``labels`` parameter when the policy declares no roles: every 0/1 vector of the site.
+#: The ``labels`` parameter when the policy declares no roles: every array of the site.
 EVERY = "*"
 
 
-def _is_label(a: np.ndarray, n: int, min_cell: int) -> bool:
-    if not (a.ndim == 1 and a.shape[0] == n and a.dtype.kind in "biuf") or ((a != 0) & (a != 1)).any():
-        return False
-    ones = int(np.count_nonzero(a))
-    return not any(0 < k < min_cell for k in (ones, n - ones))
+def _indicators(a: np.ndarray, n: int, min_cell: int) -> list[np.ndarray]:
+    """The two-valued columns of `a` (a vector, or each column of a matrix; weights at their coarse
+    resolution) with one row per record, each as the 0/1 indicator of its larger value; columns with a class
+    of 1..min_cell-1 records are left out."""
+    if not (a.ndim >= 1 and a.shape[0] == n and a.dtype.kind in "biuf"):
+        return []
+    out = []
+    for column in a.reshape(n, -1).T.astype(float):
+        values = np.unique(coarse(column))
+        if values.size == 2 and not _small_class(coarse(column) == values[1], min_cell):
+            out.append((coarse(column) == values[1]).astype(np.int64))
+    return out
+
+
+def _small_class(marks: np.ndarray, min_cell: int) -> bool:
+    ones = int(np.count_nonzero(marks))
+    return any(0 < k < min_cell for k in (ones, marks.size - ones))
 
 
 def label_marks(site: SiteData, params: dict[str, Any], y: np.ndarray, min_cell: int) -> np.ndarray:
-    """The (records x labels) 0/1 matrix of the run's label `y` and every label ``params["labels"]`` names.
+    """The (records x marks) 0/1 matrix of the run's label `y`, every two-valued array ``params["labels"]``
+    names, and the implied level of every group of them never 1 together.
 
-    A label with a class of 1..min_cell-1 records at the site is left out: every analysis refuses it here
+    An array with a class of 1..min_cell-1 records at the site is left out: every analysis refuses it here
     (`groups.label_problems`; as a covariate, `groups.small_groups`), so no release gives its total at this
-    site, and judging the bins by it would withhold them all."""
+    site, and judging the bins by it would withhold them all. So is such an implied level (the analyses of
+    its group's members refuse it: `implied_levels.across`). The implied levels are judged because a
+    group's total (one-hot columns: n less their sums) less a released union of bins is the cross-table of
+    that level with the union just as a label's is, and the rule's cells are closed under sums only."""
     names = params.get("labels", [])
     if min_cell <= 1:
         return y.reshape(-1, 1)  # nothing is withheld: no label needs judging
@@ -55,12 +81,15 @@ def label_marks(site: SiteData, params: dict[str, Any], y: np.ndarray, min_cell:
         names = sorted(site.arrays)
     elif not isinstance(names, list) or not all(isinstance(v, str) for v in names):
         raise site.fail(f"query parameter 'labels' must be a list of array names or {EVERY!r}")
-    cols = [y]
-    for name in names:
-        a = np.asarray(site.arrays.get(name, ()))
-        if _is_label(a, y.size, min_cell):
-            cols.append(a.astype(np.int64))
-    return np.column_stack(cols)
+    named = [c for name in names for c in _indicators(np.asarray(site.arrays.get(name, ())), y.size, min_cell)]
+    # Over the named arrays only, so that every run's mask is the same whichever label it analyses. (Too many
+    # groups to judge: the analyses that give their totals refuse themselves; the arrays are judged still.)
+    implied = implied_levels.within([(str(k), c) for k, c in enumerate(named)]) or []
+    implied = [level.astype(np.int64) for _, level in implied if not _small_class(level, min_cell)]
+    # The run's label as a column of its own only where it could be one: a class of 1..min_cell-1 records keeps
+    # the site out of the run (`groups.label_problems`), and judging by it would make this mask its own.
+    run = np.zeros_like(y) if _small_class(y != 0, min_cell) else y
+    return np.column_stack([run] + named + implied)
 
 
 def per_bin(idx: np.ndarray, bins: int, marks: np.ndarray) -> np.ndarray:

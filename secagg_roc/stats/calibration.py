@@ -32,7 +32,7 @@ from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
 from ..queries.copies import crossing_copies
-from ..queries.groups import small_groups
+from ..queries.groups import policy_pool, small_groups
 from ..queries.label_cells import EVERY
 from .binning import bin_edges, quantile_edges
 from .glm import precision
@@ -83,10 +83,23 @@ class BrierScore(float):
                 "contributors": None if self.contributors is None else list(self.contributors)}
 
 
+#: The analyses whose releases hold totals over covariates (the GLM's sums of x and y * x, a column sum) and
+#: over weights (the GLM's and the weighted Brier score's weighted sums).
+TOTALS_OF = {"covariate": ("glm", "sum"), "weight": ("glm", "brier")}
+
+
 def cell_labels(policy: Policy) -> list[str] | str:
-    """The labels every site judges its released bins by (the ``labels`` parameter of the binned rounds):
-    the policy's ``roles.label``, or every 0/1 vector of the site (`queries.label_cells.EVERY`) without roles."""
-    return EVERY if policy.roles is None else sorted(policy.roles.get("label", ()))
+    """The arrays every site judges its released bins by (the ``labels`` parameter of the binned rounds):
+    the policy's ``roles.label``, and its covariates and weights where an analysis it allows releases their
+    totals (a 0/1 flag's total less a released union of bins is their cross-table off its diagonal too, as a
+    label's is); every array of the site (`queries.label_cells.EVERY`) without roles."""
+    if policy.roles is None:
+        return EVERY
+    names = set(policy.roles.get("label", ()))
+    for role, analyses in TOTALS_OF.items():
+        if any(a in policy.analyses for a in analyses):
+            names |= set(policy.roles.get(role, ()))
+    return sorted(names)
 
 
 def probability_range(policy: Policy) -> list[float]:
@@ -125,7 +138,7 @@ def _brier_small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list
     # A weight that singles out a few records would make the weighted sums theirs.
     if not args.get("weights"):
         return []
-    problems = small_groups(data, _brier_uses(args), policy.min_cell_count)
+    problems = small_groups(data, _brier_uses(args), policy.min_cell_count, pool=policy_pool(policy, data))
     w = np.asarray(data.array(args["weights"]), dtype=float)
     if w.size and np.nanmax(np.abs(w)) > MAX_WEIGHT:
         problems.append(f"weight {args['weights']} has values above {MAX_WEIGHT:g}, beyond the sums' fixed-point range")

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..queries.copies import column_copies
-from ..queries.groups import small_groups
+from ..queries.groups import policy_pool, small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
 from .fisher import (  # noqa: F401  (FitError, ConvergenceWarning, fisher_scoring: importable from here too)
@@ -195,7 +195,7 @@ MAX_COEF_SHARE = 0.33
 def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     # The score vector and information at beta = 0 are cross-tables of the response and the covariates.
     uses = _glm_uses(args)
-    problems = small_groups(data, uses, policy.min_cell_count)
+    problems = small_groups(data, uses, policy.min_cell_count, pool=policy_pool(policy, data))
     return problems or column_copies(data, uses, policy.min_cell_count)
 
 

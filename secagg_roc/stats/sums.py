@@ -19,7 +19,7 @@ import numpy as np
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..policy import Policy
 from ..queries.copies import column_copies
-from ..queries.groups import small_groups
+from ..queries.groups import policy_pool, small_groups
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -33,7 +33,8 @@ def _declare(policy: Policy, args: dict[str, Any]) -> dict[str, Any]:
 
 
 @plan("sum", declare=_declare, queries={"sum"}, uses=lambda args: [("covariate", args["array"])],
-      data_check=lambda data, args, policy: small_groups(data, [("covariate", args["array"])], policy.min_cell_count)
+      data_check=lambda data, args, policy: small_groups(data, [("covariate", args["array"])], policy.min_cell_count,
+                                                      pool=policy_pool(policy, data))
       or column_copies(data, [("covariate", args["array"])], policy.min_cell_count))
 def sum_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, np.ndarray]:
     """The ``sum`` plan: one secure sum."""
