@@ -561,9 +561,10 @@ def test_a_site_restarted_before_the_close_sends_the_same_masked_input_and_never
 
 @pytest.fixture(scope="module")
 def brisk(tmp_path_factory: pytest.TempPathFactory):
-    """No site agents and a 4 s round timeout: the key phases close at 1 s and 2 s after the round opened."""
+    """No site agents and a 4 s round timeout: the key phases close at 1 s and 2 s after the round opened
+    (dropouts allowed: without, a key phase waits for every site the policy needs, past its deadline)."""
     cl = LocalCluster(tmp_path_factory.mktemp("rt-brisk"), make_data(3), n_aggregators=1, scheme="pairwise",
-                      round_timeout_s=4.0, policy={"min_cell_count": 1})
+                      round_timeout_s=4.0, policy={"min_cell_count": 1, "allow_dropouts": True})
     with cl.start(sites=[]):
         yield cl
 

@@ -67,6 +67,14 @@ def _log(cluster: LocalCluster, party: str) -> list[tuple[str, int, str]]:
         return [(k, n, p) for k, n, p in db.execute("SELECT kind, number, party FROM log ORDER BY seq")]
 
 
+def _times(cluster: LocalCluster, kind: str, party: str | None = None) -> list[float]:
+    """When the aggregator logged round 0's entries of `kind` (from `party`), in log order."""
+    path = cluster.folder / "state" / "agg-1.sqlite"
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        return [at for p, at in db.execute("SELECT party, at FROM log WHERE number = 0 AND kind = ? ORDER BY seq",
+                                           (kind,)) if party in (None, p)]
+
+
 def _kill_before_close(study, cluster: LocalCluster, names: list[str]) -> list[int]:
     """Kill `names` once, right after every site's masked input of a run's first round was accepted and
     before the analyst's close (so they never answer its unmask request); the killed round's number."""
@@ -157,12 +165,15 @@ def test_sites_down_or_refusing_before_the_keys_leave_the_exact_total_of_the_oth
 
 def test_a_site_killed_in_the_key_agreement_resumes_it_with_the_keys_it_logged(tmp_path) -> None:
     """kill -9 after its keys reached the server: the restarted site re-sends the same keys (logged before
-    they left), never a second key pair, and the round completes exactly."""
+    they left), never a second key pair, and the round completes exactly. The policy allows no dropouts, so
+    the key phase waits for site-c, which starts (on purpose) only after the phase's T/4 deadline: the
+    server does not go on without a site the policy needs (it once did, and this test failed under load)."""
     import concurrent.futures
     import time
 
     data = make_data(8, {"site-a": 12, "site-b": 15, "site-c": 20})
-    cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", round_timeout_s=20.0,
+    timeout = 30.0  # AdvertiseKeys closes at 7.5 s at the earliest; the restarts have the rest of the 30 s
+    cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", round_timeout_s=timeout,
                       policy={"min_cell_count": 1})
     with cl.start(sites=["site-a", "site-b"]), cl.study() as study, concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(sr.brier_score, study, "y", "score")
@@ -171,10 +182,15 @@ def test_a_site_killed_in_the_key_agreement_resumes_it_with_the_keys_it_logged(t
             assert time.monotonic() < end, "site-a's keys never reached the server"
             time.sleep(0.05)
         cl.kill("site-a")
+        (opened,) = _times(cl, "query")
+        time.sleep(max(0.0, opened + timeout / 4 + 0.5 - time.time()))  # past AdvertiseKeys' deadline
         cl.start_party("site-a")
         cl.start_party("site-c")
         brier = future.result(timeout=120)
     assert float(brier) == float(sr.brier_score(embedded(cl, scheme="pairwise"), "y", "score"))
+    (keyed,) = _times(cl, "pairwise:keys", "site-c")
+    closed = _times(cl, "pairwise:close")[0]  # AdvertiseKeys' close: only once site-c's keys were in
+    assert opened + timeout / 4 < keyed <= closed
     assert [e for e in _log(cl, "agg-1") if e[0] == "pairwise:keys" and e[2] == "site-a"][:1] == [
         ("pairwise:keys", 0, "site-a")]
     assert sum(1 for e in _log(cl, "agg-1") if e == ("pairwise:keys", 0, "site-a")) == 1
@@ -274,6 +290,22 @@ def test_an_aggregator_killed_mid_key_agreement_resumes_it_from_its_log(quiet) -
     (got,) = _poll(quiet, "site-a", number, "keys")  # every site advertised: the phase closed
     assert {k.site for k in got.keys} == {keys[s].site for s in ("site-b", "site-c", "site-d")}
     assert [k for k, n, _ in _log(quiet, "agg-1") if n == number].count("pairwise:keys") == 4
+
+
+def test_a_close_refused_while_a_key_phase_waits_names_the_sites_it_waits_for(quiet) -> None:
+    """No dropouts allowed: AdvertiseKeys waits for site-d past its deadline; the analyst's close (at its own
+    deadline) is refused by the policy, and the error names the site the key agreement still waits for."""
+    from secagg_roc.errors import PolicyError
+    from secagg_roc.messages import CloseRound
+
+    number = call_as(quiet, "analyst", 0, lambda c: c.info())["next_number"]
+    query, clients = _open_join(quiet, number)
+    for site in ("site-a", "site-b", "site-c"):
+        _post(quiet, site, number, "keys", pack([clients[site].advertise_keys()]))
+    close = CloseRound(query.round_id, ("site-a", "site-b", "site-c"))
+    with pytest.raises(PolicyError, match=r"did not join.*key agreement still waits for \['site-d'\]"):
+        call_as(quiet, "analyst", 0, lambda c: c.send(close))
+    assert _poll(quiet, "site-a", number, "keys") == []  # the phase is still open, nothing moved on
 
 
 def test_a_masked_input_from_outside_the_key_agreement_is_refused(quiet) -> None:

@@ -16,9 +16,15 @@ the phase's deadline, or, for MaskedInput, at the analyst's `CloseRound`), so a
 restarted aggregator replays the same phases.
 
 Phases of round r, opened at time o with round timeout T: AdvertiseKeys
-closes once every expected site advertised or at o + T/4; ShareKeys once
-every site with keys routed its shares or at o + T/2; MaskedInput at the
-analyst's close (the contributor set it names are the survivors; a site whose
+closes once every expected site advertised (or refused the round) or at
+o + T/4; ShareKeys once every site with keys routed its shares (or refused)
+or at o + T/2. A key phase closes at its deadline only if the round could
+still be released over the sites that sent (`may_go_on_without_the_rest`: a
+run's join under ``allow_dropouts``, with at least min_sites of them);
+otherwise the policy needs the missing sites, so the phase waits for them (a
+late or restarted site still gets in; the round's own timeout ends the wait)
+and never moves on with fewer sites than the policy requires. MaskedInput
+closes at the analyst's close (the contributor set it names are the survivors; a site whose
 masked input came later counts as dropped, its self mask stays on). The close
 then waits until every survivor answered the unmask request (at most
 `unmask_wait` seconds) and releases the survivors' total, or a `RoundError`
@@ -48,7 +54,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..errors import MessageError, RoundError
+from ..errors import MessageError, PolicyError, RoundError
 from ..messages import AggregateShare, CloseRound, InputShare, decode as decode_message
 from ..pairwise.engine import ADVERTISE_KEYS, MASKED_INPUT, SHARE_KEYS, UNMASKING
 from ..pairwise.server import PairwiseServer
@@ -260,18 +266,51 @@ class PairwiseRelay:
             raise RoundError(f"site {party!r} is not among the survivors of round {number}")
         return [request]
 
-    def due(self, number: int, phase: str, now: float) -> bool:
-        """True when key phase `phase` of round `number` may close: every site of it sent, or its deadline."""
+    def deadline(self, number: int, phase: str) -> float | None:
+        """When key phase `phase` of round `number` may close without the sites that have not sent (if the
+        policy lets the round go on without them, `due`); None when that phase of that round is not open."""
         relayed = self.rounds.get(number)
         if relayed is None or relayed.server.phase != phase or phase not in DEADLINES:
-            return False
+            return None
+        return relayed.opened + DEADLINES[phase] * self.timeout
+
+    def progress(self, number: int) -> tuple[set[str], set[str]]:
+        """The sites that sent round `number`'s open key phase's message, and the sites it still waits for
+        (a site that refused the round is not waited for: its refusal is its answer); two empty sets when
+        no key phase of the round is open."""
+        relayed = self.rounds.get(number)
+        if relayed is None or relayed.server.phase not in DEADLINES:
+            return set(), set()
         server = relayed.server
-        if now >= relayed.opened + DEADLINES[phase] * self.timeout:
-            return True
-        if phase == ADVERTISE_KEYS:
-            refused = set(self.state.refusals.get(number, {}))
-            return {relayed.ids[i] for i in server._keys} >= set(relayed.ids.values()) - refused
-        return set(server._routed) >= server.live[ADVERTISE_KEYS]
+        sent, due = (server._keys, relayed.ids) if server.phase == ADVERTISE_KEYS else \
+            (server._routed, server.live[ADVERTISE_KEYS])
+        names = {relayed.ids[i] for i in sent}
+        return names, {relayed.ids[i] for i in due} - names - set(self.state.refusals.get(number, {}))
+
+    def may_go_on_without_the_rest(self, number: int, present: set[str]) -> bool:
+        """True if round `number` could still be released over the sites `present` alone: at least min_sites,
+        and a set its run's rules accept (`RunBook.check_close`: a join under ``allow_dropouts``; a later
+        round never, its contributor set is the run's). Run by the Aggregator before a key phase closes at
+        its deadline: otherwise the missing sites would doom the round, so the phase waits for them (until
+        the round's own timeout) and a late or restarted site still gets in."""
+        core = self.state.core
+        r = core.rounds.get(number)
+        if r is None or len(present) < core.policy.min_sites:
+            return False
+        try:
+            core.runbook.check_close(r.query, r.params, tuple(sorted(present)))
+        except PolicyError:
+            return False
+        return True
+
+    def due(self, number: int, phase: str, now: float) -> bool:
+        """True when key phase `phase` of round `number` may close: every site of it sent (or refused), or its
+        deadline passed and the policy lets the round go on with the sites that sent."""
+        deadline = self.deadline(number, phase)
+        if deadline is None:
+            return False
+        sent, missing = self.progress(number)
+        return not missing or (now >= deadline and self.may_go_on_without_the_rest(number, sent))
 
     def waits_for_close(self, number: int) -> bool:
         """True while the analyst's close must first end the masked input phase."""

@@ -12,7 +12,8 @@ adds these routes; the state is `pairwise_relay.PairwiseRelay`)::
                        unmask request (only to a survivor); an empty body when the wait ran out
 
 A poll also closes a key phase once it is due (every site of it sent, or its
-deadline passed): the close is logged like any accepted message. The
+deadline passed and the policy lets the round go on without the others,
+`PairwiseRelay.due`): the close is logged like any accepted message. The
 analyst's `CloseRound` is checked, then ends the masked input phase and holds
 the release's place in the same logged change (`Aggregator.reserve`), then
 waits for the survivors' unmask answers (`before_close`); the service then
@@ -27,10 +28,10 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from ..errors import MessageError
+from ..errors import MessageError, PrivacyError
 from ..messages import CloseRound
 from .http_protocol import RequestTooLarge, float_param, int_param
-from .pairwise_relay import CLOSE, DEADLINES, KINDS, PHASE_OF_INBOX, POLL_TYPE, pack
+from .pairwise_relay import CLOSE, KINDS, PHASE_OF_INBOX, POLL_TYPE, pack
 
 if TYPE_CHECKING:
     from .aggregator_service import AggregatorService
@@ -79,9 +80,10 @@ def add_routes(service: "AggregatorService", app: web.Application) -> None:
                 continue
             if now >= end or service._stopping:
                 return web.Response(body=b"", content_type=POLL_TYPE)
-            relayed = relay.rounds.get(number)
-            due_at = end if relayed is None or closing not in DEADLINES else \
-                relayed.opened + DEADLINES[closing] * relay.timeout + 0.01
+            # Wake at the phase's deadline; past it (a phase that waits for sites the policy needs), only
+            # a change (a site's message) can make it due.
+            deadline = relay.deadline(number, closing)
+            due_at = end if deadline is None or deadline <= now else deadline + 0.01
             await service.polls.wait(lambda: relay.due(number, closing, time.time()) or bool(
                 relay.inbox(number, peer.name, phase)), max(0.0, min(end, due_at) - now))
 
@@ -100,7 +102,14 @@ async def before_close(service: "AggregatorService", close: CloseRound, body: by
     service.state.status(close.round_id)  # an unknown or abandoned round is refused as it always is
     # Every check of the close first (the run's rules, the differencing guard, an input from every named
     # site): a close that will be refused must not end the masked phase or ask anyone to unmask anything.
-    service.state.core.check_close(close)
+    try:
+        service.state.core.check_close(close)
+    except PrivacyError as exc:  # PolicyError included: name the sites a key phase still waits for, if any
+        waiting = sorted(relay.progress(number)[1])
+        if not waiting:
+            raise
+        raise type(exc)(f"{exc}; its key agreement still waits for {waiting} (the policy does not let it go on "
+                        "without them)") from None
     if relay.waits_for_close(number):  # (`PairwiseRelay.apply` checks it again, with the lock held, and reserves)
         await service._apply(CLOSE, None, body, number=number)
     await service.polls.wait(lambda: relay.unmask_ready(number, time.time()), relay.unmask_wait)
