@@ -246,7 +246,8 @@ class SitePairwise:
         delay = 0.05
         while not stop():
             if loop.time() > give_up:
-                raise RoundError(f"round {number}: the server's {phase} did not come in time")
+                raise RoundError(f"round {number}: the server's {phase} did not come in time (a key phase waits "
+                                 "for every site the policy needs: is one of them down?)")
             try:
                 resp = client._check(await client.request("GET", path, timeout=40.0), path)  # noqa: SLF001
             except TransportError:
