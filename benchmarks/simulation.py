@@ -84,8 +84,8 @@ def fits_per_second(settings, datasets: int, seed: int, transcripts) -> float:
     for s in settings:
         for i in range(datasets):
             y, sc = sim.dataset(seed, i)
-            rng = sim.task_rng(seed, s, i)
-            jobs.append((s, sim.split_sites(y, sc, rng), int(rng.integers(0, 2**63 - 1))))
+            noise = int(sim.task_rng(seed, s, i).integers(0, 2**63 - 1))
+            jobs.append((s, sim.split_sites(y, sc, sim.split_rng(seed, i)), noise))
     roles = {"label": ["y"], "score": ["score"]}
     t0 = time.perf_counter()
     with warnings.catch_warnings():

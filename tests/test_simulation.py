@@ -48,8 +48,37 @@ def test_data_generation_follows_the_design_and_is_shared_across_settings() -> N
     assert np.array_equal(y, y2) and np.array_equal(s, s2)
     assert not np.array_equal(sim.dataset(SEED, 4)[1][:100], s[:100])
     a, b = sim.task_rng(SEED, GRID[1], 3), sim.task_rng(SEED, GRID[2], 3)
-    assert a.integers(2**62) != b.integers(2**62)  # noise and split differ by setting
+    assert a.integers(2**62) != b.integers(2**62)  # the noise differs by setting (the split does not)
     assert sim.auc_bin(0.5) == -1 and sim.auc_bin(0.5001) == 0 and sim.auc_bin(0.525) == 0 and sim.auc_bin(1.0) == 19
+
+
+def test_every_setting_analyses_the_same_split_of_a_data_set_with_its_own_noise(monkeypatch) -> None:
+    """The paper analyses data set i's records under every setting (it never splits them); here each
+    setting's study gets the very same five sites' records, split by a generator of the data set alone."""
+    from secagg_roc.study import Study
+
+    seen: list[tuple[dict, int]] = []
+    local = Study.local
+
+    def spy(data, **options):
+        seen.append(({k: {a: np.array(v) for a, v in arrays.items()} for k, arrays in data.items()}, options["seed"]))
+        return local(data, **options)
+
+    monkeypatch.setattr(Study, "local", staticmethod(spy))
+    for setting in (GRID[0], GRID[1], GRID[125]):
+        sim.run_task(SEED, setting, 3)
+    y, s = sim.dataset(SEED, 3)
+    expected = sim.split_sites(y, s, sim.split_rng(SEED, 3))
+    assert len(seen) == 3 and len({seed for _, seed in seen}) == 3  # each setting's own noise seed
+    for sites, _ in seen:
+        assert list(sites) == [f"site{k}" for k in range(sim.N_SITES)]
+        for name, arrays in expected.items():
+            assert np.array_equal(sites[name]["y"], arrays["y"]) and np.array_equal(sites[name]["score"], arrays["score"])
+    assert sum(len(a["y"]) for a in expected.values()) == y.size
+    # Another data set is split otherwise; the split is a permutation of the data set's records.
+    other = sim.split_sites(*sim.dataset(SEED, 3), sim.split_rng(SEED, 4))
+    assert not np.array_equal(other["site0"]["score"], expected["site0"]["score"])
+    assert np.array_equal(np.sort(np.concatenate([a["score"] for a in expected.values()])), np.sort(s))
 
 
 def test_a_task_is_determined_by_its_seeds_in_any_order() -> None:
@@ -93,6 +122,11 @@ def test_resume_after_a_killed_run_and_refuse_another_design(tmp_path: Path) -> 
     bad.write_text(lines(full)[0] + "\n{oops\n" + lines(full)[1] + "\n")
     with pytest.raises(sim.ResultsFileError, match="line 2"):
         sim.read_results(bad)
+    # A file of the earlier design (a split per setting) is refused, naming the change.
+    old = tmp_path / "old.jsonl"
+    old.write_text(json.dumps({**sim.design_header(SEED), "format": "secagg-roc-simulation/1"}) + "\n")
+    with pytest.raises(sim.ResultsFileError, match="split once for every setting"):
+        sim.run(old, settings, 1, master_seed=SEED, resume=True)
     (tmp_path / "other.jsonl").write_text('{"some": "file"}\n')
     with pytest.raises(sim.ResultsFileError, match="not a simulation results file"):
         sim.run(tmp_path / "other.jsonl", settings, 1, master_seed=SEED, resume=True)

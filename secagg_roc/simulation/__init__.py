@@ -27,6 +27,7 @@ from .design import (
     generate,
     paper_grid,
     parse_settings,
+    split_rng,
     split_sites,
     task_rng,
 )
@@ -36,6 +37,6 @@ from .runner import ResultsFileError, design_header, read_results, run, run_task
 __all__ = [
     "AUC_BINS", "DELTAS", "EPSILONS", "L2_SENSITIVITIES", "MASTER_SEED", "N_DATASETS", "N_SITES",
     "ResultsFileError", "Setting", "auc_bin", "bin_summary", "dataset", "design_header", "generate",
-    "paper_grid", "parse_settings", "read_results", "run", "run_task", "run_tasks", "split_sites",
+    "paper_grid", "parse_settings", "read_results", "run", "run_task", "run_tasks", "split_rng", "split_sites",
     "table_markdown", "task_rng", "write_summary",
 ]

@@ -12,6 +12,12 @@ Settings: all (the paper's 126 jobs: index 0 is the noise-free baseline,
 dp (1-125), base, or indices and ranges such as 0,1-5,125.
 The progress bar is tqdm's when it is installed (the [deploy] or [test] extra),
 else a plain text line.
+
+Design: data set i is split over the sites once, the same five sites' records
+under every setting (only the DP noise differs between settings), as the
+paper's code analyses the same records of data set i in every job (Schalk et
+al.'s R/add-experiments.R, difuture-lmu/simulations-distr-auc). Results
+format 2; a results file of format 1 (a split per setting) is not continued.
 """
 
 from __future__ import annotations

@@ -13,11 +13,18 @@ plus one baseline job without noise (the paper's Table 1). Noise is the classic
 Gaussian mechanism ``sigma = sqrt(2 ln(1.25 / delta)) * l2 / epsilon``.
 
 Seeds: a task is one (setting, data-set index). Data set i is drawn from
-``SeedSequence(master, spawn_key=(0, i))`` — the same data under every setting,
-as in the paper, whose data set i is ``generateROCData(i, seed)`` in every job —
-and its split over the sites and the sites' DP noise from
-``SeedSequence(master, spawn_key=(1, setting.index, i))``. So any subset of
-tasks, run anywhere in any order, gives the same numbers.
+``SeedSequence(master, spawn_key=(0, i))`` and its split over the sites from
+``SeedSequence(master, spawn_key=(2, i))``: the same data and the same five
+sites' records under every setting. The paper's data set i is
+``generateROCData(i, seed)`` in every job, and its code never splits it: each
+job adds the setting's noise to the pooled scores of the same records and fits
+the ROC-GLM on them (``R/add-experiments.R`` of the initial commit 3215547 of
+difuture-lmu/simulations-distr-auc, lines 15, 28 and 35), so one split per data
+set is the closest a 5-site study comes to it: only the noise differs between
+settings. The sites' DP noise comes from ``SeedSequence(master, spawn_key=(1,
+setting.index, i))``. So any subset of tasks, run anywhere in any order, gives
+the same numbers. (Up to results format 1 the split was drawn anew per setting,
+from the noise's generator; `runner.FORMAT` 2 marks the change.)
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import numpy as np
 
 __all__ = [
     "AUC_BINS", "DELTAS", "EPSILONS", "L2_SENSITIVITIES", "MASTER_SEED", "N_DATASETS", "N_SITES", "Setting",
-    "auc_bin", "dataset", "generate", "paper_grid", "parse_settings", "split_sites", "task_rng",
+    "auc_bin", "dataset", "generate", "paper_grid", "parse_settings", "split_rng", "split_sites", "task_rng",
 ]
 
 #: The paper's grid (R/setup.R): L2SENS = seq(0.01, 0.09, 0.02), EPSILON = DELTA = seq(0.1, 0.5, 0.1).
@@ -158,8 +165,13 @@ def dataset(master_seed: int, index: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def task_rng(master_seed: int, setting: Setting, index: int) -> np.random.Generator:
-    """The generator of one task's site split and DP-noise seed."""
+    """The generator of one task's DP-noise seed (its first draw)."""
     return np.random.default_rng(np.random.SeedSequence(master_seed, spawn_key=(1, setting.index, index)))
+
+
+def split_rng(master_seed: int, index: int) -> np.random.Generator:
+    """The generator of data set `index`'s split over the sites: the same under every setting."""
+    return np.random.default_rng(np.random.SeedSequence(master_seed, spawn_key=(2, index)))
 
 
 def split_sites(y: np.ndarray, s: np.ndarray, rng: np.random.Generator, n_sites: int = N_SITES

@@ -1,7 +1,7 @@
 """Run the simulation study: one task per (setting, data set), results appended to a JSON-lines file.
 
-The file's first line is a header naming the design (master seed, grid,
-sites, mechanism, ties, alpha); every further line is one finished task,
+The file's first line is a header naming the design (format version, master
+seed, grid, sites, mechanism, ties, alpha); every further line is one finished task,
 written and flushed as soon as it is done. A later run with the same file
 skips the tasks already in it (resume) and refuses a file of another design.
 A truncated last line (a killed run) is dropped, and cut off before appending.
@@ -10,7 +10,10 @@ Each task goes through the library's real path: an embedded 5-site study
 (`Study.local`, two aggregators, additive sharing, ``transcripts=False``)
 under a policy with the setting's DP parameters, then `roc_glm`; the
 empirical AUC and its DeLong CI (logit scale, the paper's) come from the
-pooled records (`pooled`).
+pooled records (`pooled`). A data set is split over the sites once, the same
+under every setting (`design.split_rng`, as the paper analyses the same records
+under every setting); each setting's study is its own, with its own policy,
+join and rounds.
 """
 
 from __future__ import annotations
@@ -25,13 +28,16 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .design import N_SITES, Setting, dataset, paper_grid, split_sites, task_rng
+from .design import N_SITES, Setting, dataset, paper_grid, split_rng, split_sites, task_rng
 from .gc_pace import fewer_collections
 
 __all__ = ["FORMAT", "ResultsFileError", "design_header", "pending_tasks", "read_results", "run", "run_task",
            "run_tasks"]
 
-FORMAT = "secagg-roc-simulation/1"
+#: The results format: 2 since a data set is split over the sites once for every setting (1: anew per setting).
+FORMAT = "secagg-roc-simulation/2"
+#: What each earlier format's design was, to say why its file is not continued.
+EARLIER_FORMATS = {"secagg-roc-simulation/1": "each setting split a data set over the sites anew"}
 #: The most tasks a worker runs at a time (by default): ~1 s of work.
 MAX_BATCH = 64
 #: A task: (setting index, data-set index).
@@ -56,15 +62,36 @@ def _clean(value: float) -> float | None:
 
 
 @functools.lru_cache(maxsize=4)
-def pooled_reference(master_seed: int, index: int,
-                     alpha: float) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
-    """Data set `index` (read-only labels and scores) and its empirical (lower, AUC, upper): the same under
-    every setting, so computed once for the settings that follow one another (tasks run data set by data set)."""
-    from .. import pooled
-
+def data_set(master_seed: int, index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Data set `index` as read-only (labels, scores): the same under every setting, so made once for the
+    settings that follow one another (tasks run data set by data set)."""
     y, s = dataset(master_seed, index)
     y.flags.writeable = s.flags.writeable = False
+    return y, s
+
+
+@functools.lru_cache(maxsize=4)
+def pooled_reference(master_seed: int, index: int,
+                     alpha: float) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float]]:
+    """Data set `index` (read-only labels and scores) and its empirical (lower, AUC, upper), made once for
+    the settings that follow one another."""
+    from .. import pooled
+
+    y, s = data_set(master_seed, index)
     return y, s, pooled.delong_ci_logit(y, s, alpha)
+
+
+@functools.lru_cache(maxsize=4)
+def data_set_sites(master_seed: int, index: int, n_sites: int) -> dict[str, dict[str, np.ndarray]]:
+    """Data set `index` split over `n_sites` sites (read-only arrays): the same under every setting, made once
+    for the settings that follow one another. Each setting's sites hold these very arrays, so a site's join
+    checks find their verdicts under the arrays' digests after the first setting (`queries.copies`)."""
+    y, s = data_set(master_seed, index)
+    sites = split_sites(y, s, split_rng(master_seed, index), n_sites)
+    for arrays in sites.values():
+        for a in arrays.values():
+            a.flags.writeable = False
+    return sites
 
 
 def run_task(master_seed: int, setting: Setting, index: int, *, n_sites: int = N_SITES, mechanism: str = "classic",
@@ -75,9 +102,8 @@ def run_task(master_seed: int, setting: Setting, index: int, *, n_sites: int = N
     from ..study import Study
 
     y, s, (lo_e, auc_e, hi_e) = pooled_reference(master_seed, index, alpha)
-    rng = task_rng(master_seed, setting, index)
-    sites = split_sites(y, s, rng, n_sites)
-    noise_seed = int(rng.integers(0, 2**63 - 1))
+    sites = data_set_sites(master_seed, index, n_sites)
+    noise_seed = int(task_rng(master_seed, setting, index).integers(0, 2**63 - 1))
     rec: dict[str, Any] = {"setting": setting.index, "index": index, "n": int(y.size), "n_pos": int(y.sum()),
                            "auc_emp": auc_e, "ci_emp": [lo_e, hi_e]}
     roles = {"label": ["y"], "score": ["score"]}
@@ -133,6 +159,11 @@ def read_results(path: str | os.PathLike) -> tuple[dict[str, Any] | None, list[d
         except ValueError:
             raise ResultsFileError(f"{path}: line {n + 1} is not JSON (only a truncated last line is dropped)") from None
         if header is None:
+            if isinstance(obj, dict) and obj.get("format") in EARLIER_FORMATS:
+                raise ResultsFileError(
+                    f"{path}: written in results format {obj['format']!r}, whose design differs from this version's "
+                    f"{FORMAT!r} ({EARLIER_FORMATS[obj['format']]}; now a data set is split once for every "
+                    "setting): its tasks cannot be continued; use another --out")
             if not isinstance(obj, dict) or obj.get("format") != FORMAT:
                 raise ResultsFileError(f"{path}: not a simulation results file (no {FORMAT} header)")
             header = obj
