@@ -186,7 +186,7 @@ class Site(NoisyReleases):
         if query.name == JOIN:
             joined = None
             if again is None:  # the same join again (a restarted agent re-sending its shares) was checked before
-                joined = self.runs.check_join(params, self.data)
+                joined = self.runs.check_join(params, self.data, self.data_digest)
                 self._check_consent(joined[1])
                 # Even the join's record total would tell how the data changed since earlier releases.
                 self.ledger.check_data(self.data_digest)
@@ -266,7 +266,7 @@ class Site(NoisyReleases):
         self.check_query(query)
         params = query.params
         if query.name == JOIN:
-            plan, args = self.runs.check_join(params, self.data)
+            plan, args = self.runs.check_join(params, self.data, self.data_digest)
             self._check_consent(args)  # an agent restarted without its consent takes no further part
             self.runs.join(params["run"], plan, args)
         else:

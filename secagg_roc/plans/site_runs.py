@@ -9,7 +9,7 @@ policy and the plan alone), and its data pass the analysis's checks (and
 hold enough records: q for an analysis that releases per-site values, the
 minimum cell count for a table),
 and no class of a label is a small group (`queries.groups`; an analysis
-adds its own checks, such as the GLM's on covariates). When the join's release arrives (from the
+adds its own checks, such as the GLM's on covariates; `join_checks`). When the join's release arrives (from the
 aggregators), the site checks the contributor set against the policy and
 starts its copy of the plan; each later release moves that copy one step on.
 A round is answered only if it asks for a query the run declared, which the
@@ -31,13 +31,10 @@ from ..errors import PolicyError, SiteQueryError
 from ..messages import NAME_RE
 from ..policy import Policy
 from ..queries import SiteData
-from ..queries.checks import role_problems
-from ..queries.combinations import near_combinations
-from ..queries.copies import near_copies
-from ..queries.groups import label_problems
 from ..queries.run import run_step
 from ..site_sets import site_set
 from .base import Plan, PlanContext, Rounds, RunInfo, Step, checked_step, declared, get_plan, same_value
+from .join_checks import data_problems
 from .shared_steps import SHARED, Node, PlanCopy, SharedSteps
 
 #: Runs a site keeps open at once; the oldest is dropped (and so fails) beyond this.
@@ -75,8 +72,12 @@ class SiteRuns:
 
     # -- joining --------------------------------------------------------------------
 
-    def check_join(self, params: Mapping[str, Any], data: SiteData) -> tuple[Plan, dict[str, Any]]:
-        """The plan and arguments of a join request, if this site takes part (else PolicyError)."""
+    def check_join(self, params: Mapping[str, Any], data: SiteData,
+                   digest: str | None = None) -> tuple[Plan, dict[str, Any]]:
+        """The plan and arguments of a join request, if this site takes part (else PolicyError).
+
+        `digest` is `data.digest()`, if the site has it: the verdicts on its data are remembered under it
+        (`join_checks`)."""
         run = params.get("run")
         if not isinstance(run, str) or not NAME_RE.match(run):
             raise PolicyError(f"site {self.site!r}: a run needs an id of 1-64 characters [A-Za-z0-9_.-]")
@@ -108,23 +109,7 @@ class SiteRuns:
                 f"{plan.name!r} analysis declares; the analyst must send what the plan declares"
             )
         self._check_queries(run, plan, canon, data)
-        roles = self.policy.roles
-        problems = role_problems(data, plan.uses(canon),
-                                 public_names=None if roles is None else {a for names in roles.values() for a in names})
-        need = plan.min_records(self.policy)
-        if not problems and data.records() < need:
-            problems.append(f"fewer records than the {need} this analysis needs at each site")
-
-        def role_arrays(role: str) -> Any:
-            return None if roles is None else roles.get(role, ())
-
-        if not problems:
-            problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
-            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
-        if not problems and plan.data_check is not None:
-            problems += plan.data_check(data, canon, self.policy)
-        if not problems:  # (several arrays at once, after the pairs: a composite outcome beside its parts)
-            problems += near_combinations(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
+        problems = data_problems(data, plan, canon, self.policy, digest)
         if problems:
             # Checked once per run, at its start: the operator's `secagg-roc site check` shows the details.
             raise SiteQueryError(
