@@ -127,7 +127,8 @@ def test_one_hot_covariates_and_their_implied_level_hold_no_small_class_in_any_r
     data = {"y": (rng.random(n) < p).astype(np.int64), "p": p,
             "A": np.where(level == 1, on, off), "B": np.where(level == 2, on, off)}
     hist, _ = _releases(data, "y", ["A", "B", "y"])
-    fine = (p * BINS).astype(int).clip(0, BINS - 1)
+    bucket = np.minimum(np.ceil(p * GROUPS).astype(int) - 1, GROUPS - 1).clip(0)  # right-closed calibration bins
+    fine = np.clip((p * BINS).astype(int), 2 * bucket, 2 * bucket + 1)  # the histogram's nested buckets
     kept = np.isin(fine, np.flatnonzero(hist))
     marks = {"A": level == 1, "B": level == 2, "C": level == 0}
     judged = [k for k, m in marks.items() if not _small(np.bincount(m.astype(int), minlength=2))]
