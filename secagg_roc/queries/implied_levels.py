@@ -4,7 +4,8 @@ One-hot columns of a factor (grade II, grade III) leave its reference level
 (grade I) implicit, but totals give it by difference: its count is n less the
 columns' sums, and its cell with a label sum(y) less the columns' sums of y.
 Any column of two values is such an indicator, either way round: 2 x (level
-A) or A + 1 codes level A as well as A does (red team 5).
+A) or A + 1 codes level A as well as A does (red team 5); so is each level of
+a categorical column of more values (a 0/1/2 code: red team 6).
 
 Two rules, both over indicators that are never 1 together (exclusive):
 
@@ -24,7 +25,9 @@ Two rules, both over indicators that are never 1 together (exclusive):
   1..min_cell-1 for some S exactly when G's implied level has such a cell, or
   has none there and a single member does (S = G less that member). Only
   parts S that hold one of the analysis's indicators are refused: the others
-  need analyses that refuse themselves.
+  need analyses that refuse themselves. And two such implied levels (of two
+  factors, each one-hot but for a level) have their 2 x 2 cross-table judged:
+  analyses over pairs of their columns give the cell of both by difference.
 """
 
 from __future__ import annotations
@@ -43,14 +46,27 @@ TOO_MANY = "the covariates' indicator columns form too many groups never 1 toget
 Columns = list[tuple[str, np.ndarray]]
 
 
+#: Columns with at most this many distinct values at a site (each held by two records on average) are categorical.
+CATEGORICAL_LEVELS = 10
+
+
+def categorical(column: np.ndarray, values: np.ndarray) -> bool:
+    """Whether a column of these distinct `values` is categorical: few values, which repeat."""
+    return values.size <= CATEGORICAL_LEVELS and 2 * values.size <= column.size
+
+
 def indicators(columns: Columns) -> Columns:
-    """Each two-valued column as two 0/1 indicators, one per value (``name`` and ``name != v``)."""
+    """Each two-valued column as two 0/1 indicators, one per value (``name`` and ``name != v``), and each other
+    categorical column as one per level (``name == v``): a GLM's sums of K and K^2 give a three-valued code's
+    level counts, which difference with another analysis's flag as one-hot columns' do (red team 6)."""
     out: Columns = []
     for name, column in columns:
         values = np.unique(column)
         if values.size == 2:
             out += [(name, (column == values[1]).astype(float)),
                     (f"{name} != {values[1]:g}", (column == values[0]).astype(float))]
+        elif values.size > 2 and categorical(column, values):
+            out += [(f"{name} == {v:g}", (column == v).astype(float)) for v in values]
     return out
 
 
@@ -118,6 +134,7 @@ def across(own: Columns, pool: Columns, cells: Columns, min_cell: int) -> list[s
         return [TOO_MANY]
     where = _cells(cells, marks[0][1].size)
     problems: list[str] = []
+    levels: list[tuple[list[str], np.ndarray]] = []  # the implied levels judged, for their cross-tables below
     for group in groups:
         if all(i < len(mine) for i in group) or not any(i < len(mine) for i in group):
             continue  # the analysis's own group (judged within it), or one it takes no part in
@@ -125,6 +142,7 @@ def across(own: Columns, pool: Columns, cells: Columns, min_cell: int) -> list[s
         member_cells = members.T @ where  # (members x cells)
         implied = where.sum(axis=0) - member_cells.sum(axis=0)  # records in no member, per cell
         names = [marks[i][0] for i in group]
+        levels.append((names, 1.0 - members.sum(axis=1)))
         if np.any((implied >= 1) & (implied < min_cell)):
             problems.append(f"{_label(names)} has a cell of fewer than {min_cell} records here")
             continue
@@ -135,4 +153,22 @@ def across(own: Columns, pool: Columns, cells: Columns, min_cell: int) -> list[s
                 problems.append(f"{_label([marks[j][0] for j in rest])} has a cell of fewer than {min_cell} "
                                 f"records here")
                 break
-    return problems
+    return problems or _crossed(levels, min_cell)
+
+
+def _crossed(levels: list[tuple[list[str], np.ndarray]], min_cell: int) -> list[str]:
+    """The first pair of implied `levels` whose 2 x 2 cross-table has a cell of 1..min_cell-1 records, as a
+    problem; [] if none. Two factors one-hot but for a level each (A, B; D, E): analyses over A & D, A & E, B & D
+    and B & E give n - A - B - D - E + AD + AE + BD + BE, the records at both implied levels (red team 6)."""
+    levels = [(names, z) for names, z in levels if np.any(z)]
+    if len(levels) < 2:
+        return []
+    z = np.column_stack([column for _, column in levels])
+    n, size = z.shape[0], z.sum(axis=0)
+    both = z.T @ z  # records at both levels; the other three cells follow from the sizes
+    cells = np.stack([both, size[:, None] - both, size[None, :] - both, n - size[:, None] - size[None, :] + both])
+    small = np.any((cells >= 1) & (cells < min_cell), axis=0)
+    for i, j in zip(*np.nonzero(np.triu(small, 1))):
+        return [f"the cross-table of {_label(levels[i][0])} and {_label(levels[j][0])} has a cell of fewer than "
+                f"{min_cell} records here"]
+    return []
