@@ -207,7 +207,12 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     for name, column in categorical:
         if name.startswith(IMPLIED) and _small(np.unique(column, return_counts=True)[1], min_cell):
             problems.append(f"{name} is held by fewer than {min_cell} records here")
-    problems += implied_levels.across(own, _pool_columns(site, pool, sizes[0], names), labels + categorical, min_cell)
+    # With a two-valued weight, the cells a weighted sum gives are joint with it: W x y x (a level implied across
+    # analyses) is Wy less WyA less WyB, from weighted GLMs over A and over B (red team 6).
+    joint = [(f"{w_name} and {name}", np.unique(np.column_stack([w, c]), axis=0, return_inverse=True)[1].ravel())
+             for w_name, w in weights for name, c in labels + categorical if name != w_name]
+    problems += implied_levels.across(own, _pool_columns(site, pool, sizes[0], names), labels + categorical + joint,
+                                      min_cell)
     for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
         if _cross_small(a, b, min_cell=min_cell):
             problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")

@@ -66,7 +66,8 @@ def indicators(columns: Columns) -> Columns:
             out += [(name, (column == values[1]).astype(float)),
                     (f"{name} != {values[1]:g}", (column == values[0]).astype(float))]
         elif values.size > 2 and categorical(column, values):
-            out += [(f"{name} == {v:g}", (column == v).astype(float)) for v in values]
+            # (Named without their values: a refusal naming a value would tell that a record holds it.)
+            out += [(f"levels of {name}", (column == v).astype(float)) for v in values]
     return out
 
 
@@ -96,7 +97,7 @@ def exclusive_groups(columns: list[np.ndarray]) -> list[list[int]]:
 
 
 def _label(names: list[str]) -> str:
-    return f"{IMPLIED} {', '.join(names)} are 0"
+    return f"{IMPLIED} {', '.join(dict.fromkeys(names))} are 0"  # (a categorical column's levels named once)
 
 
 def within(columns: Columns) -> Columns | None:
@@ -122,7 +123,8 @@ def _cells(cells: Columns, n: int) -> np.ndarray:
 def across(own: Columns, pool: Columns, cells: Columns, min_cell: int) -> list[str]:
     """Implied levels of exclusive groups mixing the analysis's indicators (`own`: its two-valued labels,
     covariates and weights) with the other two-valued arrays the policy names (`pool`), whose cell with one of
-    `cells` (the analysis's labels and categorical columns) or whose count is 1..min_cell-1; [] if none."""
+    `cells` (the analysis's labels and categorical columns, and their joint cells with a two-valued weight) or
+    whose count is 1..min_cell-1; [] if none."""
     mine = indicators(own)
     seen = {name for name, _ in mine}
     theirs = [(name, column) for name, column in indicators(pool) if name not in seen]
