@@ -32,13 +32,13 @@ Holes found, each a pooled count or cell of one record (or one record's value) b
 
 Attacks that held (no change needed):
 
-* a flag exclusive with a label (never 1 where the label is 1): labels are in the pool, and the level where
-  both are 0 is the label's cross-table with the flag, judged in the flag's own analysis;
+* flags exclusive with a label (never 1 where the label is 1): labels are in the pool, so the level where all
+  are 0 is judged across (the label's own GLM is a near combination of the flags and refused too);
 * a factor coded partly as a matrix column and partly as a vector, and one level coded in two arrays: the
   pool and the analyses take a matrix's columns one by one; two copies of one indicator are 1 together, so
   each forms its own exclusive group with the others (both judged);
-* an interaction A * B beside A and B: A and not B is the implied level of {not A, AB}, judged across;
-* the ``sum`` analysis of a one-hot column under the no-roles policy: every array is in the pool (both roles),
+* an interaction A * B beside A: A and not B small makes AB a near copy of A (`queries.copies` refuses);
+* the ``sum`` analysis of one-hot columns under the no-roles policy: every array is in the pool (both roles),
   so the other columns' sums count as for a GLM;
 * refusals: the across rule names pool arrays ("the level where all of A, B are 0"), a fact about the site's
   arrays that the analyst cannot vary (it proposes names, never data), so asking again gives the same bit;
@@ -329,3 +329,92 @@ def test_a_near_copy_off_in_a_group_holding_one_case_does_not_give_that_cases_di
         spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["age_dx", "age_op"]})))
         a, b = spy.moments("y", ["age_dx"]), spy.moments("y", ["age_op"])
         assert a is None or b is None or abs(float(b["yx"][0] - a["yx"][0]) - truth) > 0.5
+
+
+# -- attacks that held ------------------------------------------------------------------------------------------------
+
+
+def _levels(rare: int, n: int = 60) -> list[np.ndarray]:
+    """Each site's factor of levels 0, 1, 3 (20 records each), level 2 held by `rare` records at h1 only (taken
+    from level 3: with three large levels no column is a near copy of another's complement)."""
+    out = []
+    for k in range(3):
+        lev = np.arange(n) % 3
+        lev[lev == 2] = 3
+        if k == 1:
+            lev[np.flatnonzero(lev == 3)[:rare]] = 2
+        out.append(lev)
+    return out
+
+
+def test_a_flag_exclusive_with_a_label_does_not_give_the_level_where_both_are_0():
+    # y = 1 never where A or D = 1; the records with none (1 at h1) are n - sum y - sum A - sum D (the label is
+    # then 1 - A - D but for that record: the near-combination rule refuses first, the implied level's after).
+    data = {}
+    for k, lev in enumerate(_levels(1)):
+        data[f"h{k}"] = {"y": (lev == 1).astype(np.int64), "A": (lev == 0).astype(np.int64),
+                         "D": (lev == 3).astype(np.int64), "x": np.round(np.random.default_rng(k).normal(60, 9, 60), 1)}
+    spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["A", "D", "x"]})))
+    got, a, d = spy.moments("y", ["x"]), spy.moments("y", ["A"]), spy.moments("y", ["D"])
+    assert got is None or a is None or d is None or not _small(got["n"] - got["y"] - a["x"][0] - d["x"][0])
+    assert "site 'h1' does not take part" in spy.refusal()
+
+
+def test_a_factor_coded_partly_as_a_matrix_column_and_partly_as_a_vector_does_not_give_the_implied_level():
+    data = {}
+    for k, lev in enumerate(_levels(1)):
+        data[f"h{k}"] = {"y": (np.arange(lev.size) // 2 % 2).astype(np.int64), "B": (lev == 1).astype(np.int64),
+                         "X": np.column_stack([lev == 0, lev == 3]).astype(float)}
+    spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["X", "B"]})))
+    x, b = spy.moments("y", ["X"]), spy.moments("y", ["B"])
+    assert x is None or b is None or not _small(x["n"] - x["x"].sum() - b["x"][0])
+    assert "site 'h1' does not take part" in spy.refusal()
+
+
+def test_one_level_coded_in_two_arrays_does_not_give_the_implied_level():
+    data = {}
+    for k, lev in enumerate(_levels(1)):
+        a = (lev == 0).astype(np.int64)
+        data[f"h{k}"] = {"y": (np.arange(lev.size) // 2 % 2).astype(np.int64), "A": a, "A2": a.copy(),
+                         "B": (lev == 1).astype(np.int64), "D": (lev == 3).astype(np.int64)}
+    spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["A", "A2", "B", "D"]})))
+    a, bd = spy.moments("y", ["A2"]), spy.moments("y", ["B", "D"])
+    assert a is None or bd is None or not _small(a["n"] - a["x"][0] - bd["x"].sum())
+    assert "site 'h1' does not take part" in spy.refusal()
+
+
+def test_an_interaction_beside_its_flag_does_not_give_the_flag_less_the_interaction():
+    # A and not B = sum A - sum AB: the implied level of {not A, AB} (1 record at h1).
+    data = {}
+    for k, lev in enumerate(_levels(1)):
+        a, b = (lev != 1).astype(np.int64), (lev != 2).astype(np.int64)  # A and not B is level 2
+        data[f"h{k}"] = {"y": (np.arange(lev.size) // 2 % 2).astype(np.int64), "A": a, "B": b, "AB": a * b}
+    spy = Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["A", "B", "AB"]})))
+    a, ab = spy.moments("y", ["A"]), spy.moments("y", ["AB"])
+    assert a is None or ab is None or not _small(a["x"][0] - ab["x"][0])
+    assert "site 'h1' does not take part" in spy.refusal()
+
+
+def test_column_sums_of_one_hot_columns_without_roles_do_not_give_the_implied_level():
+    from secagg_roc.stats.sums import column_sums
+
+    data = {f"h{k}": {"A": (lev == 0).astype(np.int64), "B": (lev == 1).astype(np.int64),
+                      "D": (lev == 3).astype(np.int64)} for k, lev in enumerate(_levels(1))}
+    spy = Spy(sr.Study.local(data, policy=Policy(analyses=("sum", "glm"))))
+    sums = [spy.attempt(column_sums, name) for name in "ABD"]
+    assert any(s is None for s in sums) or not _small(180 - sum(float(np.ravel(s)[0]) for s in sums))
+    assert "site 'h1' does not take part" in spy.refusal()
+
+
+def test_the_demo_and_glms_over_gbsg2_still_run():
+    from secagg_roc.datasets import load_gbsg2
+
+    d = load_gbsg2()
+    site = np.random.default_rng(0).integers(0, 3, d["age"].size)
+    arrays = {"y": (d["cens"] == 1).astype(np.int64), "horTh": (d["horTh"] == "yes").astype(np.int64),
+              "post": (d["menostat"] == "Post").astype(np.int64), "g3": (d["tgrade"] == "III").astype(np.int64),
+              "age": d["age"].astype(float), "tsize": d["tsize"].astype(float)}
+    study = sr.Study.local({f"s{k}": {a: v[site == k] for a, v in arrays.items()} for k in range(3)},
+                           policy=Policy(roles={"label": ["y"], "covariate": ["horTh", "post", "g3", "age", "tsize"]}))
+    fit = _quiet(sr.fit_glm, study, "y", ["horTh", "post", "g3", "age", "tsize"])
+    assert fit.converged and fit.n_records == d["age"].size
