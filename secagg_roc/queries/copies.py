@@ -23,7 +23,9 @@ identity map or of a robust affine fit (median slope of pairs half the records a
 whichever is smaller, is not zero, is smaller than the array's own spread (at most `NEAR_SHARE` of its
 absolute deviations from its median: a map that does not explain the array says nothing), and its largest
 ``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of its total (a group of ``min_cell`` equal
-differences just meets that, as `groups` judges covariates). Residuals below `RESOLUTION` of the arrays'
+differences just meets that, as `groups` judges covariates), or, for a value array, it sits on 1..min_cell-1
+records of a class of a label in effect (`CLASS_SHARE`): sums of y * x give them (red team 6: an age at surgery
+off the age at diagnosis in 8 records, one a case, gave its delay). Residuals below `RESOLUTION` of the arrays'
 magnitude count as zero: an exact copy in other units, computed in floating point, is no near copy. Arrays are
 compared so over at least `MIN_RECORDS` and more than 3 (min_cell - 1) records (a handful of records fits some
 map by chance; equality is checked there too).
@@ -121,9 +123,9 @@ def _dominated(residual: np.ndarray, k: int) -> bool:
     return total > 0 and float(d[:k].sum()) > (k / (k + 1)) * total * (1 + 1e-12)
 
 
-def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
+def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int, classes: tuple[np.ndarray, ...] = ()) -> bool:
     """Whether `b` is an affine map of `a` (the identity included) except on fewer than `min_cell` records in
-    effect (see the module docstring)."""
+    effect (see the module docstring), over all records or within one of `classes` (each class of a label)."""
     k = max(1, min_cell - 1)
     if a.size < max(MIN_RECORDS, 3 * k + 1) or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return False  # a handful of records fit some map by chance (non-finite data are refused before this)
@@ -140,7 +142,22 @@ def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
             best = residual
     # Judged on the map that explains b best: an estimated slope a hair off 1 would leave far values of a
     # in the residual of what is plain noise around the identity.
-    return float(np.abs(best).sum()) <= NEAR_SHARE * spread and _dominated(best, k)
+    return float(np.abs(best).sum()) <= NEAR_SHARE * spread and (
+        _dominated(best, k) or any(_off_in_few(best[m], k) for m in classes))
+
+
+#: Within a class, a residual is k records' when the others hold at most this share of theirs (k / (k + 1), the
+#: rule over all records, refused smooth recalibrations, whose residual peaks at a class's extremes).
+CLASS_SHARE = 0.02
+
+
+def _off_in_few(residual: np.ndarray, k: int) -> bool:
+    """Whether `residual` (over one class of a label) sits on 1..k records in effect (see the module docstring)."""
+    if residual.size <= 3 * k:
+        return False  # a class of a handful of records fits some map by chance
+    d = np.sort(np.abs(residual))[::-1]
+    top = float(d[:k].sum())
+    return top > 0 and float(d[k:].sum()) <= CLASS_SHARE * top
 
 
 def _out_of_order(a: np.ndarray, b: np.ndarray, cap: int | None = None) -> int:
@@ -184,6 +201,11 @@ def _zero_one(a: np.ndarray) -> bool:
     return bool(np.all((a == 0) | (a == 1)))
 
 
+def _label_of(y: np.ndarray, n: int) -> bool:
+    """Whether `y` could be the label of an analysis over `n` records (a 0/1 vector of both classes)."""
+    return y.ndim == 1 and y.shape[0] == n and y.dtype.kind in "iufb" and _zero_one(y) and 0 < int(y.sum()) < n
+
+
 def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
     differ = a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1)
     return int(np.count_nonzero(differ.any(axis=1)))
@@ -206,6 +228,8 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     # one another.)
     problems: list[str] = []
     digests: dict[str, bytes] = {}
+    labels = role_arrays("label")
+    labels = sorted(site.arrays) if labels is None else sorted(set(labels) & set(site.arrays))
 
     def digest(array_name: str) -> bytes:  # each array hashed once per check
         if array_name not in digests:
@@ -219,6 +243,9 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         if a.ndim == 0 or a.dtype.kind not in "iufb":
             continue
         scores = role_arrays("score")
+        # Values (not labels) are summed against every label: their residual is judged within each class too.
+        strata = [] if role == "label" else [y for y in labels if _label_of(np.asarray(site.arrays[y]), a.shape[0])]
+        classes = tuple(m for y in strata for m in (site.arrays[y] == 1, site.arrays[y] == 0))
         if every is None:
             others = set(site.arrays)
         else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
@@ -229,8 +256,9 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
             ranked = role == "score" and (scores is None or other in set(scores))
-            key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked)
-            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked))
+            key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked,
+                   tuple(digest(y) for y in strata))
+            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked, classes))
             if found == MAP:
                 problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here "
                                 "(as it is, or up to a change of scale and offset)")
@@ -244,15 +272,17 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
 NONE, MAP, ORDER = 0, 1, 2
 
 
-def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles: bool, ranked: bool) -> int:
-    """MAP if `a` and `b` are equal or affine maps of each other but for a few records in effect, else ORDER
-    if (`ranked`: two scores) one is in the other's order but for a few records, else NONE."""
+def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles: bool, ranked: bool,
+                classes: tuple[np.ndarray, ...] = ()) -> int:
+    """MAP if `a` and `b` are equal or affine maps of each other but for a few records in effect (or of one of
+    `classes`), else ORDER if (`ranked`: two scores) one is in the other's order but for a few, else NONE."""
     count = _differ_count(a, b) if b.shape == a.shape else 0
     pairs = [(x, z) for x in _columns(a) for z in _columns(b)] \
         if int(np.prod(a.shape[1:])) <= MAX_COLUMNS and int(np.prod(b.shape[1:])) <= MAX_COLUMNS else []
     if no_roles and role in ("label", "score") and _zero_one(b) != (role == "label"):
         pairs = []  # (no roles: a label is judged against 0/1 arrays, a score against the others)
-    if 0 < count < min_cell or any(_near_map(x, z, min_cell) or _near_map(z, x, min_cell) for x, z in pairs):
+    if 0 < count < min_cell or any(_near_map(x, z, min_cell, classes) or _near_map(z, x, min_cell, classes)
+                                   for x, z in pairs):
         return MAP
     if ranked and a.ndim == 1 and b.ndim == 1 and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
         return ORDER
