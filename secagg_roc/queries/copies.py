@@ -24,8 +24,9 @@ whichever is smaller, is not zero, is smaller than the array's own spread (at mo
 absolute deviations from its median: a map that does not explain the array says nothing), and its largest
 ``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of its total (a group of ``min_cell`` equal
 differences just meets that, as `groups` judges covariates), or, for a value array, it sits on 1..min_cell-1
-records of a class of a label in effect (`CLASS_SHARE`): sums of y * x give them (red team 6: an age at surgery
-off the age at diagnosis in 8 records, one a case, gave its delay). Residuals below `RESOLUTION` of the arrays'
+records of a class of a label or a level of a categorical array in effect (`CLASS_SHARE`): sums of y * x or
+a * x give them (red team 6: an age at surgery off the age at diagnosis in 8 records, one a case, gave its
+delay). Residuals below `RESOLUTION` of the arrays'
 magnitude count as zero: an exact copy in other units, computed in floating point, is no near copy. Arrays are
 compared so over at least `MIN_RECORDS` and more than 3 (min_cell - 1) records (a handful of records fits some
 map by chance; equality is checked there too).
@@ -55,6 +56,7 @@ import numpy as np
 
 from ..policy import ROLES
 from .groups import CATEGORICAL_LEVELS
+from .implied_levels import categorical
 from .registry import SiteData
 
 #: A map explains an array when its residual is at most this share of the array's own spread.
@@ -201,9 +203,13 @@ def _zero_one(a: np.ndarray) -> bool:
     return bool(np.all((a == 0) | (a == 1)))
 
 
-def _label_of(y: np.ndarray, n: int) -> bool:
-    """Whether `y` could be the label of an analysis over `n` records (a 0/1 vector of both classes)."""
-    return y.ndim == 1 and y.shape[0] == n and y.dtype.kind in "iufb" and _zero_one(y) and 0 < int(y.sum()) < n
+def _levels(y: np.ndarray, n: int) -> list[np.ndarray]:
+    """The record masks of each class of `y` if it is a 0/1 vector over `n` records or a categorical one (its
+    levels), where a GLM's sums of x times it give a residual's sum over each; [] otherwise."""
+    if y.ndim != 1 or y.shape[0] != n or y.dtype.kind not in "iufb":
+        return []
+    values = np.unique(y)
+    return [y == v for v in values] if 1 < values.size and categorical(y, values) else []
 
 
 def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
@@ -228,8 +234,8 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     # one another.)
     problems: list[str] = []
     digests: dict[str, bytes] = {}
-    labels = role_arrays("label")
-    labels = sorted(site.arrays) if labels is None else sorted(set(labels) & set(site.arrays))
+    cells = [role_arrays(role) for role in ("label", "covariate", "weight")]
+    cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
 
     def digest(array_name: str) -> bytes:  # each array hashed once per check
         if array_name not in digests:
@@ -243,9 +249,11 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         if a.ndim == 0 or a.dtype.kind not in "iufb":
             continue
         scores = role_arrays("score")
-        # Values (not labels) are summed against every label: their residual is judged within each class too.
-        strata = [] if role == "label" else [y for y in labels if _label_of(np.asarray(site.arrays[y]), a.shape[0])]
-        classes = tuple(m for y in strata for m in (site.arrays[y] == 1, site.arrays[y] == 0))
+        # Values (not labels) are summed against every label and categorical array: their residual is judged
+        # within each class and level too (a GLM over [x, A] gives sum x over A = 1 from its information).
+        n = a.shape[0]
+        strata = [] if role == "label" else [y for y in cells if y != name and _levels(np.asarray(site.arrays[y]), n)]
+        classes = tuple(m for y in strata for m in _levels(np.asarray(site.arrays[y]), n))
         if every is None:
             others = set(site.arrays)
         else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
