@@ -276,6 +276,17 @@ def test_pairs_of_one_hot_columns_of_two_factors_with_large_cells_still_run():
     assert learned is not None and round(learned, 6) == truth
 
 
+def test_a_glm_over_one_of_several_many_level_categorical_covariates_still_runs():
+    # Each level of a categorical array is an indicator now: four random covariates of 10 levels at 300 records
+    # form many pairs of levels never 1 together, whose implied levels cross in cells of a few records where
+    # neither level holds (sums of the levels' cross-tables, each judged where an analysis can give it).
+    rng = np.random.default_rng(0)
+    data = {f"h{k}": {"y": rng.integers(0, 2, 300), **{f"K{i}": rng.integers(0, 10, 300).astype(float)
+                                                       for i in range(4)}} for k in range(3)}
+    study = sr.Study.local(data, policy=Policy(roles={"label": ["y"], "covariate": ["K0", "K1", "K2", "K3"]}))
+    assert _quiet(sr.fit_glm, study, "y", ["K0"]).n_records == 900
+
+
 # -- 5. an indicator weight beside one-hot columns: weight x label x the implied level ------------------------------
 
 

@@ -159,16 +159,18 @@ def across(own: Columns, pool: Columns, cells: Columns, min_cell: int) -> list[s
 
 
 def _crossed(levels: list[tuple[list[str], np.ndarray]], min_cell: int) -> list[str]:
-    """The first pair of implied `levels` whose 2 x 2 cross-table has a cell of 1..min_cell-1 records, as a
-    problem; [] if none. Two factors one-hot but for a level each (A, B; D, E): analyses over A & D, A & E, B & D
+    """The first pair of implied `levels` whose 2 x 2 cross-table has a cell of 1..min_cell-1 records (but for
+    the cell of neither level), as a problem; [] if none. Two factors one-hot but for a level each (A, B; D, E): analyses over A & D, A & E, B & D
     and B & E give n - A - B - D - E + AD + AE + BD + BE, the records at both implied levels (red team 6)."""
     levels = [(names, z) for names, z in levels if np.any(z)]
     if len(levels) < 2:
         return []
     z = np.column_stack([column for _, column in levels])
-    n, size = z.shape[0], z.sum(axis=0)
-    both = z.T @ z  # records at both levels; the other three cells follow from the sizes
-    cells = np.stack([both, size[:, None] - both, size[None, :] - both, n - size[:, None] - size[None, :] + both])
+    size = z.sum(axis=0)
+    # Records at both levels, and at one but not the other. (Those at neither lie in a member of each group: sums
+    # of the members' cross-tables, each judged in an analysis holding both members, the only way to them.)
+    both = z.T @ z
+    cells = np.stack([both, size[:, None] - both, size[None, :] - both])
     small = np.any((cells >= 1) & (cells < min_cell), axis=0)
     for i, j in zip(*np.nonzero(np.triu(small, 1))):
         return [f"the cross-table of {_label(levels[i][0])} and {_label(levels[j][0])} has a cell of fewer than "
