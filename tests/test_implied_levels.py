@@ -63,3 +63,22 @@ def test_a_rare_level_left_out_of_a_complete_one_hot_coding_is_judged_through_th
     uses = [("label", "y"), ("covariate", "A")]
     assert small_groups(site, uses, Q, pool=[("label", "y"), ("covariate", "A"), ("covariate", "B")])
     assert small_groups(site, uses, Q, pool=[("label", "y"), ("covariate", "A")]) == []
+
+
+def test_a_policy_without_roles_judges_every_array_of_the_site_each_once():
+    """Without roles every array may be a covariate or a weight: the pool is every array of the site, each
+    column once (a copy per role would double every group of a factor of eight levels, past the cap)."""
+    from secagg_roc import Policy
+    from secagg_roc.queries.groups import policy_pool
+
+    level = np.repeat(np.arange(8), 10)
+    y = (np.arange(level.size) % 2).astype(np.int64)
+    arrays = {"y": y, **{f"L{k}": (level == k).astype(float) for k in range(8)}}
+    uses = [("label", "y"), ("covariate", "L1")]
+    site = SiteData("h", arrays)
+    assert small_groups(site, uses, Q, pool=policy_pool(Policy(), site)) == []
+    arrays["L0"][:8] = 0.0  # level 0 keeps two records, its columns' other levels take the rest
+    arrays["L7"][:8] = 1.0
+    site = SiteData("h", arrays)
+    problems = small_groups(site, uses, Q, pool=policy_pool(Policy(), site))
+    assert problems and not any("too many groups" in p for p in problems), problems

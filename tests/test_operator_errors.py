@@ -78,6 +78,19 @@ def test_site_check_names_the_csv_column_and_the_rows_to_fix(tmp_path: Path) -> 
     assert "1.7" not in text  # rows and counts for the operator, never the values
 
 
+def test_site_check_tells_the_operator_of_a_near_copy_its_runs_would_refuse(tmp_path: Path) -> None:
+    # tsize is 0.5 * age + 3 but in one row: a GLM over both would give that row's discrepancy; the operator
+    # sees it before any run, with the columns named and no value.
+    rows = hospital_rows(40, 1)
+    for r in rows:
+        r[3] = round(0.5 * r[2] + 3, 2)
+    rows[10][3] += 4.0
+    text, clean = site_check(study_with(tmp_path, rows), "hospital-a", state_path=tmp_path / "none.sqlite")
+    section = text.split("small groups and near copies")[1]
+    assert "X[0]" in section and "X[1]" in section and "fewer than 5 records" in section, text
+    assert str(rows[10][3]) not in text and str(rows[10][2]) not in text
+
+
 def test_csv_problems_list_every_bad_row_and_a_header_only_file_is_refused(tmp_path: Path) -> None:
     rows = hospital_rows(12, 1)
     rows[4][1], rows[8][1] = "NaN", ""

@@ -34,6 +34,8 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
     from ..policy import ROLES
     from ..queries import SiteData
     from ..queries.checks import out_of_range, role_problems
+    from ..queries.combinations import near_combinations
+    from ..queries.copies import column_copies, near_copies
     from ..queries.groups import label_problems, small_groups
     from .config_read import load_study
     from .config_schema import SiteConfig, with_article
@@ -121,9 +123,16 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
         fine = [u for u in uses if not check(*u)]
         groups = label_problems(data, fine, policy.min_cell_count, shown)
         groups += small_groups(data, [u for u in fine if u[0] != "score"], policy.min_cell_count, shown)
+        # Near copies and near combinations among all the policy's arrays at once: a run over any of them
+        # together is refused at its join (pairs of a covariate matrix's columns too, as a GLM judges them).
+        in_role = policy.roles.get
+        groups += near_copies(data, fine, policy.min_cell_count, lambda role: in_role(role, ()))
+        groups += column_copies(data, [u for u in fine if u[0] == "covariate"], policy.min_cell_count)
+        if not groups:  # (after the pairs, as at a join)
+            groups += near_combinations(data, fine, policy.min_cell_count, lambda role: in_role(role, ()))
         if groups and not joint:
-            lines.append(f"small groups (this site does not join a run that uses them together, q-style rule "
-                         f"min_cell_count = {policy.min_cell_count}):")
+            lines.append(f"small groups and near copies (this site does not join a run that uses them together, "
+                         f"q-style rule min_cell_count = {policy.min_cell_count}):")
             lines += [f"  {g}" for g in dict.fromkeys(groups)]
     else:
         lines.append("the policy declares no roles: every array may play any role; what each can be:")

@@ -139,13 +139,18 @@ def label_problems(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: in
 
 def _pool_columns(site: SiteData, pool: Iterable[tuple[str, str]], n: int, names: Names) -> list[tuple[str, np.ndarray]]:
     """The columns of the `pool` arrays (role, name) the site holds with one row per record (weights coarse)."""
-    out = []
+    out: dict[str, np.ndarray] = {}
     for role, array in pool:
         a = site.arrays.get(array)
         if a is None or np.ndim(a) == 0 or np.shape(a)[0] != n or np.asarray(a).dtype.kind not in "biuf":
             continue  # not an array an analysis of these records could read here
-        out += [(name, coarse_weights(column) if role == "weight" else column) for name, column in _columns(site, array, names)]
-    return out
+        for name, column in _columns(site, array, names):
+            column = coarse_weights(column) if role == "weight" else column
+            if name in out and not np.array_equal(out[name], column):
+                name = f"{name} (as weights)"
+            # (One column once: a copy would double every group it is in, towards the cap on groups.)
+            out.setdefault(name, column)
+    return list(out.items())
 
 
 def policy_pool(policy: "Policy", site: SiteData) -> list[tuple[str, str]]:
