@@ -120,7 +120,8 @@ class SiteRuns:
 
         if not problems:
             problems += label_problems(data, plan.uses(canon), self.policy.min_cell_count)
-            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count, role_arrays)
+            problems += near_copies(data, plan.uses(canon), self.policy.min_cell_count, role_arrays,
+                                    self.policy.analyses)
         if not problems and plan.data_check is not None:
             problems += plan.data_check(data, canon, self.policy)
         if not problems:  # (several arrays at once, after the pairs: a composite outcome beside its parts)

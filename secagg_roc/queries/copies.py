@@ -217,15 +217,22 @@ def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.count_nonzero(differ.any(axis=1)))
 
 
+#: The analyses whose releases sum values over a class of a label or a level of a categorical array (the GLM's
+#: sums of y * x and a * x, the Brier score's of y * p): only where the policy allows one is a residual judged
+#: within those classes (a DP sensitivity study's score, off an affine map of age in one small cell, ran).
+CLASS_SUMS = ("glm", "brier")
+
+
 def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
-                role_arrays: Callable[[str], Iterable[str] | None]) -> list[str]:
+                role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str] = CLASS_SUMS
+                ) -> list[str]:
     """Arrays of an analysis that another array the policy names is a near copy of at `site` (see the module
     docstring): equal but in 1..min_cell-1 records, or an affine map of it but for fewer than `min_cell`
     records in effect (a label against labels; a score, covariate or weight against every array of those
     roles: a weight equal to a covariate but in one record gave that record's label from a weighted and an
     unweighted GLM); or, for a score, in another score's order but
     for 1..min_cell-1 records. `role_arrays(role)` names the arrays the policy gives that role (None: every
-    array of the site, as under a policy without roles)."""
+    array of the site, as under a policy without roles); `analyses`, those it allows (`CLASS_SUMS`)."""
     if min_cell <= 1:
         return []
     named = [role_arrays(role) for role in ROLES]
@@ -236,6 +243,7 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     digests: dict[str, bytes] = {}
     cells = [role_arrays(role) for role in ("label", "covariate", "weight")]
     cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
+    cells = cells if set(CLASS_SUMS) & set(analyses) else []
 
     def digest(array_name: str) -> bytes:  # each array hashed once per check
         if array_name not in digests:
@@ -314,105 +322,4 @@ def column_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int
             if 0 < int(np.count_nonzero(x != z)) < min_cell or _near_map(x, z, min_cell) or _near_map(z, x, min_cell):
                 problems.append(f"covariate {name}[{j}] differs from {name}[{i}] in fewer than {min_cell} records "
                                 "here (as it is, or up to a change of scale and offset)")
-    return problems
-
-
-# -- exact binned releases of two scores in one order ---------------------------------------------------------------
-
-
-def _grids(policy: Any) -> list[tuple[float, float, int]]:
-    """The equal-width grids (lower, upper, buckets) the policy's exact binned analyses bucket scores on."""
-    grids = []
-    lo, hi = policy.score_range
-    if {"score_histogram", "secure_auc"} & set(policy.analyses):
-        grids.append((lo, hi, policy.histogram_bins))
-    if "calibration" in policy.analyses and policy.calibration_strategy == "uniform" and max(0.0, lo) < min(1.0, hi):
-        grids.append((max(0.0, lo), min(1.0, hi), policy.calibration_bins))
-    return grids
-
-
-def _buckets(x: np.ndarray, grid: tuple[float, float, int]) -> np.ndarray:
-    lo, hi, bins = grid
-    return np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
-
-
-def _monotone_part(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """The records of a longest run in which `b` follows `a`'s order (or its reverse), if the records off it
-    are fewer than a quarter of them (else None): two scores that rank most records alike."""
-    best: np.ndarray | None = None
-    for sign in (1.0, -1.0):
-        order = np.lexsort((sign * b, a))
-        seq = (sign * b)[order]
-        if int(np.count_nonzero(seq[1:] < seq[:-1])) >= a.size / 2:
-            continue  # each record off the run makes at most two descents: a quarter or more are off it
-        tails: list[float] = []
-        ends: list[int] = []  # ends[i]: position in seq of the end of the best run of length i + 1
-        before = np.full(seq.size, -1)
-        for pos, v in enumerate(seq.tolist()):
-            i = bisect_right(tails, v)
-            before[pos] = ends[i - 1] if i else -1
-            if i == len(tails):
-                tails.append(v)
-                ends.append(pos)
-            else:
-                tails[i], ends[i] = v, pos
-        run, pos = [], ends[-1]
-        while pos >= 0:
-            run.append(pos)
-            pos = before[pos]
-        if best is None or len(run) > best.size:
-            best = order[np.asarray(run[::-1])]
-    return best if best is not None and a.size - best.size < a.size / 4 else None
-
-
-def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
-    """Whether some record's pair of buckets (one per grid) holds 1..min_cell-1 records and is a proper part of
-    a bucket of either grid that holds at least min_cell (a bucket released, so the part can be differenced)."""
-    if ia.size == 0:
-        return False
-    cells, counts = np.unique(np.column_stack([ia, ib]), axis=0, return_counts=True)
-    na, nb = np.bincount(ia)[cells[:, 0]], np.bincount(ib)[cells[:, 1]]
-    small = (counts < min_cell) & ((counts < na) | (counts < nb)) & (np.maximum(na, nb) >= min_cell)
-    return bool(np.any(small))
-
-
-def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
-    """Run by each Site when a run of an exact binned analysis (Federated histogram, uniform calibration curve,
-    secure AUC) starts: scores of the policy's score role that rank the site's records as the run's score does
-    (a monotone recalibration, a shifted or rounded copy; all but fewer than a quarter of the records) yet
-    bucket them otherwise on the policy's grids. The two binned releases are then one score's over crossing
-    grids, which difference into the parts of buckets where they cross: a part of 1..min_cell-1 records of
-    one class, among the records in the common order, is refused, as a cell. (Six records per site rescored
-    out of the order left a half bucket of one record to be solved from the buckets below them.)"""
-    min_cell = policy.min_cell_count
-    name, label = args.get("score"), args.get("label")
-    if min_cell <= 1 or name not in site.arrays or label not in site.arrays:
-        return []
-    a, y = np.asarray(site.arrays[name]), np.asarray(site.arrays[label])
-    if a.ndim != 1 or y.shape != a.shape or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
-        return []
-    a = a.astype(np.float64)
-    roles = policy.roles
-    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
-    grids = _grids(policy)
-    problems = []
-    for other in sorted(others):
-        b = np.asarray(site.arrays[other])
-        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
-            continue
-        b = b.astype(np.float64)
-
-        def crossing() -> bool:
-            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
-                return False  # a label or a few risk groups: ties, not an order
-            run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
-            if run is None:
-                return False
-            ar, br, yr = a[run], b[run], y[run]
-            return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
-                       for c in np.unique(yr) for ga in grids for gb in grids)
-
-        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
-            problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
-                            f"a bucket where the two grids cross holds fewer than {min_cell} records here")
     return problems
