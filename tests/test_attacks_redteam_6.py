@@ -33,14 +33,18 @@ Holes found, each a pooled count or cell of one record (or one record's value) b
    `queries.copies` judges a covariate's, weight's or score's residual against the other array within each
    class of every label and each level of every categorical array the policy names too (a GLM over
    [age_op, A] less one over [age_dx, A] gave the residual's sum over A = 1 from the information matrix:
-   1.6000000073 for the one record of A among 11);
+   1.6000000073 for the one record of A among 11), where the policy allows an analysis that sums values over
+   those classes (glm, brier: `copies.CLASS_SUMS`);
 7. (open, strict xfail) the same for a near combination: a total dose off a + b in 8 records, one a case:
    three GLMs' sums of y * x gave the case's discrepancy (1.6000000003 of 1.6); `queries.combinations` judges
    its misses over all records only.
 
 Costs of the fixes: under a policy without roles every array is judged in the bins, now each level of a
 categorical one too, so a score of a few values (rounded to the bins' edges) withholds more
-(tests/test_calibration.py now declares roles where it compares with the pooled rule by the label alone).
+(tests/test_calibration.py now declares roles where it compares with the pooled rule by the label alone);
+many-level categorical arrays at small sites can form more than `MAX_INDICATOR_GROUPS` groups never 1
+together (four random 10-level arrays at 100 records: 257), which refuses their analyses as too many to judge
+(at 300 records they run).
 
 Attacks that held (no change needed):
 
