@@ -21,7 +21,9 @@ def _study(y, p, sizes, q=5, **policy):
     bounds = np.cumsum([0, *sizes])
     return Study.local(
         {f"s{k}": {"y": y[a:b], "p": p[a:b]} for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))},
-        policy=Policy(privacy_level=q, **policy),
+        # (Roles declared, as the pooled reference judges the bins by the label alone: without roles every array
+        # is judged as a flag, and a score rounded to bin edges is categorical, each level a flag.)
+        policy=Policy(privacy_level=q, roles={"label": ["y"], "score": ["p"]}, **policy),
         seed=0,
     )
 
@@ -86,7 +88,10 @@ def test_small_cells_are_withheld_at_each_site_and_never_summed():
     data = {"s0": _blocks((0.25, 3), (0.55, 12), (0.75, 16), (0.85, 1)),
             "s1": _blocks((0.25, 3), (0.55, 12), (0.75, 16)),
             "s2": _blocks((0.55, 14), (0.75, 10))}
-    study = Study.local(data, privacy_level=5, seed=0, transcripts=True)
+    # (Roles declared: without them every array is judged as a flag in the bins, and this score of four values
+    # is categorical, each level a flag a GLM over it could count: s0 and s1 would withhold bin 7 too.)
+    study = Study.local(data, privacy_level=5, seed=0, transcripts=True,
+                        policy=Policy(roles={"label": ["y"], "score": ["p"]}))
     c = calibration_curve(study, "y", "p", n_bins=10)
     assert not c.released[2] and np.isnan(c.count[2])
     assert c.count[5] == 14 and c.count[7] == 42 and not c.released[8]  # s2's 14; 16 + 16 + 10

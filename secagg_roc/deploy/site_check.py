@@ -126,7 +126,7 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
         # Near copies and near combinations among all the policy's arrays at once: a run over any of them
         # together is refused at its join (pairs of a covariate matrix's columns too, as a GLM judges them).
         in_role = policy.roles.get
-        groups += near_copies(data, fine, policy.min_cell_count, lambda role: in_role(role, ()))
+        groups += near_copies(data, fine, policy.min_cell_count, lambda role: in_role(role, ()), policy.analyses)
         groups += column_copies(data, [u for u in fine if u[0] == "covariate"], policy.min_cell_count)
         if not groups:  # (after the pairs, as at a join)
             groups += near_combinations(data, fine, policy.min_cell_count, lambda role: in_role(role, ()))

@@ -8,7 +8,9 @@ combination of several others (`queries.combinations`).
 
 Apart from the analysis's own checks, every verdict is a function of the
 site's data (every array: names, dtypes, shapes, bytes), the (role, array)
-pairs the analysis uses, and the policy's minimum cell count and roles. A site
+pairs the analysis uses, and the policy's minimum cell count, roles and
+allowed analyses (near copies are judged within classes where one of them
+sums values over them). A site
 passes its data's digest (the SHA-256 its ledger keys releases by, computed at
 every join anyway), and the verdict is remembered under that digest and those
 parameters: a site checks the same arrays at every run's join (a simulation's
@@ -67,7 +69,8 @@ def data_problems(data: SiteData, plan: Plan, args: dict[str, Any], policy: Poli
     min_cell = policy.min_cell_count
     need = plan.min_records(policy)
     role_key = None if roles is None else tuple(sorted((r, tuple(a)) for r, a in roles.items()))
-    base = None if digest is None else (digest, tuple(uses), min_cell, role_key)
+    # (The allowed analyses too: near copies are judged within classes where one of them sums values over them.)
+    base = None if digest is None else (digest, tuple(uses), min_cell, role_key, tuple(policy.analyses))
 
     def role_arrays(role: str) -> Iterable[str] | None:
         return None if roles is None else roles.get(role, ())
@@ -79,7 +82,7 @@ def data_problems(data: SiteData, plan: Plan, args: dict[str, Any], policy: Poli
             problems.append(f"fewer records than the {need} this analysis needs at each site")
         if not problems:
             problems += label_problems(data, uses, min_cell)
-            problems += near_copies(data, uses, min_cell, role_arrays)
+            problems += near_copies(data, uses, min_cell, role_arrays, policy.analyses)
         return problems
 
     problems = _remembered(None if base is None else ("first", need, *base), first)

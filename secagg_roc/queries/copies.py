@@ -23,7 +23,10 @@ identity map or of a robust affine fit (median slope of pairs half the records a
 whichever is smaller, is not zero, is smaller than the array's own spread (at most `NEAR_SHARE` of its
 absolute deviations from its median: a map that does not explain the array says nothing), and its largest
 ``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of its total (a group of ``min_cell`` equal
-differences just meets that, as `groups` judges covariates). Residuals below `RESOLUTION` of the arrays'
+differences just meets that, as `groups` judges covariates), or, for a value array, it sits on 1..min_cell-1
+records of a class of a label or a level of a categorical array in effect (`CLASS_SHARE`): sums of y * x or
+a * x give them (red team 6: an age at surgery off the age at diagnosis in 8 records, one a case, gave its
+delay). Residuals below `RESOLUTION` of the arrays'
 magnitude count as zero: an exact copy in other units, computed in floating point, is no near copy. Arrays are
 compared so over at least `MIN_RECORDS` and more than 3 (min_cell - 1) records (a handful of records fits some
 map by chance; equality is checked there too).
@@ -53,6 +56,7 @@ import numpy as np
 
 from ..policy import ROLES
 from .groups import CATEGORICAL_LEVELS
+from .implied_levels import categorical
 from .registry import SiteData
 
 #: A map explains an array when its residual is at most this share of the array's own spread.
@@ -121,9 +125,9 @@ def _dominated(residual: np.ndarray, k: int) -> bool:
     return total > 0 and float(d[:k].sum()) > (k / (k + 1)) * total * (1 + 1e-12)
 
 
-def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
+def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int, classes: tuple[np.ndarray, ...] = ()) -> bool:
     """Whether `b` is an affine map of `a` (the identity included) except on fewer than `min_cell` records in
-    effect (see the module docstring)."""
+    effect (see the module docstring), over all records or within one of `classes` (each class of a label)."""
     k = max(1, min_cell - 1)
     if a.size < max(MIN_RECORDS, 3 * k + 1) or not (np.all(np.isfinite(a)) and np.all(np.isfinite(b))):
         return False  # a handful of records fit some map by chance (non-finite data are refused before this)
@@ -140,7 +144,22 @@ def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
             best = residual
     # Judged on the map that explains b best: an estimated slope a hair off 1 would leave far values of a
     # in the residual of what is plain noise around the identity.
-    return float(np.abs(best).sum()) <= NEAR_SHARE * spread and _dominated(best, k)
+    return float(np.abs(best).sum()) <= NEAR_SHARE * spread and (
+        _dominated(best, k) or any(_off_in_few(best[m], k) for m in classes))
+
+
+#: Within a class, a residual is k records' when the others hold at most this share of theirs (k / (k + 1), the
+#: rule over all records, refused smooth recalibrations, whose residual peaks at a class's extremes).
+CLASS_SHARE = 0.02
+
+
+def _off_in_few(residual: np.ndarray, k: int) -> bool:
+    """Whether `residual` (over one class of a label) sits on 1..k records in effect (see the module docstring)."""
+    if residual.size <= 3 * k:
+        return False  # a class of a handful of records fits some map by chance
+    d = np.sort(np.abs(residual))[::-1]
+    top = float(d[:k].sum())
+    return top > 0 and float(d[k:].sum()) <= CLASS_SHARE * top
 
 
 def _out_of_order(a: np.ndarray, b: np.ndarray, cap: int | None = None) -> int:
@@ -184,20 +203,36 @@ def _zero_one(a: np.ndarray) -> bool:
     return bool(np.all((a == 0) | (a == 1)))
 
 
+def _levels(y: np.ndarray, n: int) -> list[np.ndarray]:
+    """The record masks of each class of `y` if it is a 0/1 vector over `n` records or a categorical one (its
+    levels), where a GLM's sums of x times it give a residual's sum over each; [] otherwise."""
+    if y.ndim != 1 or y.shape[0] != n or y.dtype.kind not in "iufb":
+        return []
+    values = np.unique(y)
+    return [y == v for v in values] if 1 < values.size and categorical(y, values) else []
+
+
 def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
     differ = a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1)
     return int(np.count_nonzero(differ.any(axis=1)))
 
 
+#: The analyses whose releases sum values over a class of a label or a level of a categorical array (the GLM's
+#: sums of y * x and a * x, the Brier score's of y * p): only where the policy allows one is a residual judged
+#: within those classes (a DP sensitivity study's score, off an affine map of age in one small cell, ran).
+CLASS_SUMS = ("glm", "brier")
+
+
 def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
-                role_arrays: Callable[[str], Iterable[str] | None]) -> list[str]:
+                role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str] = CLASS_SUMS
+                ) -> list[str]:
     """Arrays of an analysis that another array the policy names is a near copy of at `site` (see the module
     docstring): equal but in 1..min_cell-1 records, or an affine map of it but for fewer than `min_cell`
     records in effect (a label against labels; a score, covariate or weight against every array of those
     roles: a weight equal to a covariate but in one record gave that record's label from a weighted and an
     unweighted GLM); or, for a score, in another score's order but
     for 1..min_cell-1 records. `role_arrays(role)` names the arrays the policy gives that role (None: every
-    array of the site, as under a policy without roles)."""
+    array of the site, as under a policy without roles); `analyses`, those it allows (`CLASS_SUMS`)."""
     if min_cell <= 1:
         return []
     named = [role_arrays(role) for role in ROLES]
@@ -206,6 +241,9 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     # one another.)
     problems: list[str] = []
     digests: dict[str, bytes] = {}
+    cells = [role_arrays(role) for role in ("label", "covariate", "weight")]
+    cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
+    cells = cells if set(CLASS_SUMS) & set(analyses) else []
 
     def digest(array_name: str) -> bytes:  # each array hashed once per check
         if array_name not in digests:
@@ -219,6 +257,11 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         if a.ndim == 0 or a.dtype.kind not in "iufb":
             continue
         scores = role_arrays("score")
+        # Values (not labels) are summed against every label and categorical array: their residual is judged
+        # within each class and level too (a GLM over [x, A] gives sum x over A = 1 from its information).
+        n = a.shape[0]
+        strata = [] if role == "label" else [y for y in cells if y != name and _levels(np.asarray(site.arrays[y]), n)]
+        classes = tuple(m for y in strata for m in _levels(np.asarray(site.arrays[y]), n))
         if every is None:
             others = set(site.arrays)
         else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
@@ -229,8 +272,9 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
             ranked = role == "score" and (scores is None or other in set(scores))
-            key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked)
-            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked))
+            key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked,
+                   tuple(digest(y) for y in strata))
+            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked, classes))
             if found == MAP:
                 problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here "
                                 "(as it is, or up to a change of scale and offset)")
@@ -244,15 +288,17 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
 NONE, MAP, ORDER = 0, 1, 2
 
 
-def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles: bool, ranked: bool) -> int:
-    """MAP if `a` and `b` are equal or affine maps of each other but for a few records in effect, else ORDER
-    if (`ranked`: two scores) one is in the other's order but for a few records, else NONE."""
+def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles: bool, ranked: bool,
+                classes: tuple[np.ndarray, ...] = ()) -> int:
+    """MAP if `a` and `b` are equal or affine maps of each other but for a few records in effect (or of one of
+    `classes`), else ORDER if (`ranked`: two scores) one is in the other's order but for a few, else NONE."""
     count = _differ_count(a, b) if b.shape == a.shape else 0
     pairs = [(x, z) for x in _columns(a) for z in _columns(b)] \
         if int(np.prod(a.shape[1:])) <= MAX_COLUMNS and int(np.prod(b.shape[1:])) <= MAX_COLUMNS else []
     if no_roles and role in ("label", "score") and _zero_one(b) != (role == "label"):
         pairs = []  # (no roles: a label is judged against 0/1 arrays, a score against the others)
-    if 0 < count < min_cell or any(_near_map(x, z, min_cell) or _near_map(z, x, min_cell) for x, z in pairs):
+    if 0 < count < min_cell or any(_near_map(x, z, min_cell, classes) or _near_map(z, x, min_cell, classes)
+                                   for x, z in pairs):
         return MAP
     if ranked and a.ndim == 1 and b.ndim == 1 and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
         return ORDER
@@ -276,105 +322,4 @@ def column_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int
             if 0 < int(np.count_nonzero(x != z)) < min_cell or _near_map(x, z, min_cell) or _near_map(z, x, min_cell):
                 problems.append(f"covariate {name}[{j}] differs from {name}[{i}] in fewer than {min_cell} records "
                                 "here (as it is, or up to a change of scale and offset)")
-    return problems
-
-
-# -- exact binned releases of two scores in one order ---------------------------------------------------------------
-
-
-def _grids(policy: Any) -> list[tuple[float, float, int]]:
-    """The equal-width grids (lower, upper, buckets) the policy's exact binned analyses bucket scores on."""
-    grids = []
-    lo, hi = policy.score_range
-    if {"score_histogram", "secure_auc"} & set(policy.analyses):
-        grids.append((lo, hi, policy.histogram_bins))
-    if "calibration" in policy.analyses and policy.calibration_strategy == "uniform" and max(0.0, lo) < min(1.0, hi):
-        grids.append((max(0.0, lo), min(1.0, hi), policy.calibration_bins))
-    return grids
-
-
-def _buckets(x: np.ndarray, grid: tuple[float, float, int]) -> np.ndarray:
-    lo, hi, bins = grid
-    return np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
-
-
-def _monotone_part(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
-    """The records of a longest run in which `b` follows `a`'s order (or its reverse), if the records off it
-    are fewer than a quarter of them (else None): two scores that rank most records alike."""
-    best: np.ndarray | None = None
-    for sign in (1.0, -1.0):
-        order = np.lexsort((sign * b, a))
-        seq = (sign * b)[order]
-        if int(np.count_nonzero(seq[1:] < seq[:-1])) >= a.size / 2:
-            continue  # each record off the run makes at most two descents: a quarter or more are off it
-        tails: list[float] = []
-        ends: list[int] = []  # ends[i]: position in seq of the end of the best run of length i + 1
-        before = np.full(seq.size, -1)
-        for pos, v in enumerate(seq.tolist()):
-            i = bisect_right(tails, v)
-            before[pos] = ends[i - 1] if i else -1
-            if i == len(tails):
-                tails.append(v)
-                ends.append(pos)
-            else:
-                tails[i], ends[i] = v, pos
-        run, pos = [], ends[-1]
-        while pos >= 0:
-            run.append(pos)
-            pos = before[pos]
-        if best is None or len(run) > best.size:
-            best = order[np.asarray(run[::-1])]
-    return best if best is not None and a.size - best.size < a.size / 4 else None
-
-
-def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
-    """Whether some record's pair of buckets (one per grid) holds 1..min_cell-1 records and is a proper part of
-    a bucket of either grid that holds at least min_cell (a bucket released, so the part can be differenced)."""
-    if ia.size == 0:
-        return False
-    cells, counts = np.unique(np.column_stack([ia, ib]), axis=0, return_counts=True)
-    na, nb = np.bincount(ia)[cells[:, 0]], np.bincount(ib)[cells[:, 1]]
-    small = (counts < min_cell) & ((counts < na) | (counts < nb)) & (np.maximum(na, nb) >= min_cell)
-    return bool(np.any(small))
-
-
-def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
-    """Run by each Site when a run of an exact binned analysis (Federated histogram, uniform calibration curve,
-    secure AUC) starts: scores of the policy's score role that rank the site's records as the run's score does
-    (a monotone recalibration, a shifted or rounded copy; all but fewer than a quarter of the records) yet
-    bucket them otherwise on the policy's grids. The two binned releases are then one score's over crossing
-    grids, which difference into the parts of buckets where they cross: a part of 1..min_cell-1 records of
-    one class, among the records in the common order, is refused, as a cell. (Six records per site rescored
-    out of the order left a half bucket of one record to be solved from the buckets below them.)"""
-    min_cell = policy.min_cell_count
-    name, label = args.get("score"), args.get("label")
-    if min_cell <= 1 or name not in site.arrays or label not in site.arrays:
-        return []
-    a, y = np.asarray(site.arrays[name]), np.asarray(site.arrays[label])
-    if a.ndim != 1 or y.shape != a.shape or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
-        return []
-    a = a.astype(np.float64)
-    roles = policy.roles
-    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
-    grids = _grids(policy)
-    problems = []
-    for other in sorted(others):
-        b = np.asarray(site.arrays[other])
-        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
-            continue
-        b = b.astype(np.float64)
-
-        def crossing() -> bool:
-            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
-                return False  # a label or a few risk groups: ties, not an order
-            run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
-            if run is None:
-                return False
-            ar, br, yr = a[run], b[run], y[run]
-            return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
-                       for c in np.unique(yr) for ga in grids for gb in grids)
-
-        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
-            problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
-                            f"a bucket where the two grids cross holds fewer than {min_cell} records here")
     return problems

@@ -21,7 +21,9 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   or at least ``min_cell`` records, and so does every cell of its cross-table
   with the label and with every other categorical column of the analysis (the implied reference level of
   indicator columns that are never 1 together, such as one-hot columns, counted as one more column, and
-  judged across analyses too: `queries.implied_levels`); and
+  judged across analyses too: `queries.implied_levels`); a two-valued
+  weight's three-way tables with every pair of those columns too (a weighted
+  sum of y * x is their cell); and
   no covariate or weight is constant at the site: a site-level value (a
   hospital's size, "teaching hospital") would single out the sites that share
   it, inside a run over all of them; and no weight is dominated by a few
@@ -53,8 +55,8 @@ from .registry import SiteData
 if TYPE_CHECKING:
     from ..policy import Policy
 
-#: Columns with at most this many distinct values at a site are categorical.
-CATEGORICAL_LEVELS = 10
+#: Columns with at most this many distinct values at a site are categorical (`implied_levels.categorical`).
+CATEGORICAL_LEVELS = implied_levels.CATEGORICAL_LEVELS
 
 
 #: How a column is named in a message: the array name, or for a matrix ``X[j]``. A site's operator
@@ -78,8 +80,8 @@ def _small(counts: np.ndarray, min_cell: int) -> bool:
     return bool(np.any((counts > 0) & (counts < min_cell)))
 
 
-def _cross_small(a: np.ndarray, b: np.ndarray, min_cell: int) -> bool:
-    _, counts = np.unique(np.column_stack([a, b]), axis=0, return_counts=True)
+def _cross_small(*columns: np.ndarray, min_cell: int) -> bool:
+    _, counts = np.unique(np.column_stack(columns), axis=0, return_counts=True)
     return _small(counts, min_cell)
 
 
@@ -175,6 +177,7 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     problems: list[str] = []
     labels = [(n, c) for role, name in uses if role == "label" for n, c in _columns(site, name, names)]
     categorical: list[tuple[str, np.ndarray]] = []
+    weights: list[tuple[str, np.ndarray]] = []  # the two-valued weights (a weighted sum is a three-way cell)
     for role, array in uses:
         if role not in ("covariate", "weight"):
             continue
@@ -191,11 +194,13 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
                 problems.append(f"{role} {name} does not vary here: a site-level value would single out sites")
                 continue
             rare = False
-            if values.size <= CATEGORICAL_LEVELS and 2 * values.size <= column.size:  # values repeat: categories
+            if implied_levels.categorical(column, values):  # few values, which repeat: categories
                 rare = _small(counts, min_cell)
                 if rare:
                     problems.append(f"{role} {name} has a value held by fewer than {min_cell} records here")
                 categorical.append((name, column))
+                if role == "weight" and values.size == 2:
+                    weights.append((name, column))
             if role == "covariate" and not rare and _spread_dominated(column, min_cell):
                 # One far outlier (or a rare binary jittered into distinct values): sum y * x would be its label.
                 problems.append(f"covariate {name} is dominated by fewer than {min_cell} records here")
@@ -207,8 +212,22 @@ def small_groups(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     for name, column in categorical:
         if name.startswith(IMPLIED) and _small(np.unique(column, return_counts=True)[1], min_cell):
             problems.append(f"{name} is held by fewer than {min_cell} records here")
-    problems += implied_levels.across(own, _pool_columns(site, pool, sizes[0], names), labels + categorical, min_cell)
+    # With a two-valued weight, the cells a weighted sum gives are joint with it: W x y x (a level implied across
+    # analyses) is Wy less WyA less WyB, from weighted GLMs over A and over B (red team 6).
+    joint = [(f"{w_name} and {name}", np.unique(np.column_stack([w, c]), axis=0, return_inverse=True)[1].ravel())
+             for w_name, w in weights for name, c in labels + categorical if name != w_name]
+    problems += implied_levels.across(own, _pool_columns(site, pool, sizes[0], names), labels + categorical + joint,
+                                      min_cell)
     for (a_name, a), (b_name, b) in combinations(labels + categorical, 2):
-        if _cross_small(a, b, min_cell):
+        if _cross_small(a, b, min_cell=min_cell):
             problems.append(f"the cross-table of {a_name} and {b_name} has a cell of fewer than {min_cell} records here")
+    # A weighted sum of y * x over a two-valued weight, less the unweighted one, is a cell of the three-way table of
+    # the weight, the label and x (red team 6: an indicator weight gave the cell y = A = W = 1 of one record, every
+    # two-way cell large). A weight of more values gives one mix of its levels' cells (frequency weights 1..3).
+    for w_name, w in weights:
+        others = [(n, c) for n, c in labels + categorical if n != w_name]
+        for (a_name, a), (b_name, b) in combinations(others, 2):
+            if _cross_small(w, a, b, min_cell=min_cell):
+                problems.append(f"the cross-table of weight {w_name}, {a_name} and {b_name} has a cell of fewer "
+                                f"than {min_cell} records here")
     return problems

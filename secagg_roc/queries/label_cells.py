@@ -14,8 +14,9 @@ each class too, whatever the union (a threshold, or a band such as an
 below each released edge) would withhold less but miss bands.
 
 Flags count as labels. A 0/1 covariate or weight (any two-valued column, of
-a vector or of a matrix) has its total released by a GLM, a column sum or a
-weighted Brier score, and that total less a union of bins is the flag's
+a vector or of a matrix, and each level of a categorical one: a GLM's sums
+of a 0/1/2 code and of its square give its levels' counts) has its total
+released by a GLM, a column sum or a weighted Brier score, and that total less a union of bins is the flag's
 cross-table with the union just as a label's is (red team 5: a "high risk"
 covariate beside a histogram). So is the implied level of flags never 1
 together (one-hot columns: n less their sums), so those are judged too.
@@ -25,7 +26,7 @@ The round's ``labels`` parameter names the arrays: the policy's
 releases their totals (`stats.calibration.cell_labels`; the plan sends it,
 and each site checks the round against its own copy of the plan), or ``"*"``
 when the policy declares no roles, for every array the site holds. Arrays the
-site lacks, of another length, not two-valued, or with a class of
+site lacks, of another length, not two-valued nor categorical, or with a class of
 1..min_cell-1 records at the site are skipped: they cannot be a label or a
 covariate of a run at this site (its checks refuse them), and skipping them
 tells nothing (the withholding is not a refusal).
@@ -47,15 +48,17 @@ EVERY = "*"
 
 def _indicators(a: np.ndarray, n: int, min_cell: int) -> list[np.ndarray]:
     """The two-valued columns of `a` (a vector, or each column of a matrix; weights at their coarse
-    resolution) with one row per record, each as the 0/1 indicator of its larger value; columns with a class
-    of 1..min_cell-1 records are left out."""
+    resolution) with one row per record, each as the 0/1 indicator of its larger value, and every level of its
+    other categorical columns as one indicator each (a GLM's sums of K and K^2 give a 0/1/2 code's level
+    counts: red team 6); indicators with a class of 1..min_cell-1 records are left out."""
     if not (a.ndim >= 1 and a.shape[0] == n and a.dtype.kind in "biuf"):
         return []
     out = []
     for column in a.reshape(n, -1).T.astype(float):
-        values = np.unique(coarse(column))
-        if values.size == 2 and not _small_class(coarse(column) == values[1], min_cell):
-            out.append((coarse(column) == values[1]).astype(np.int64))
+        column = coarse(column)
+        values = np.unique(column)
+        levels = values[1:] if values.size == 2 else values if implied_levels.categorical(column, values) else ()
+        out += [(column == v).astype(np.int64) for v in levels if not _small_class(column == v, min_cell)]
     return out
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
-from ..queries.copies import crossing_copies
+from ..queries.crossing import crossing_copies
 from ..queries.groups import policy_pool, small_groups
 from ..queries.label_cells import EVERY
 from .binning import bin_edges, quantile_edges

@@ -32,7 +32,7 @@ from ..dp.discrete import discrete_laplace, discrete_laplace_variance, oue_debia
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import MAX_HISTOGRAM_BINS, Policy
-from ..queries.copies import crossing_copies
+from ..queries.crossing import crossing_copies
 from .binning import quantile_edges
 from .calibration import _quantile_release, cell_labels
 from .histogram import ScoreHistogram, equal_width_edges

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Generator
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, run_analysis
 from ..policy import Policy
-from ..queries.copies import crossing_copies
+from ..queries.crossing import crossing_copies
 from .histogram_plan import declare_bins, suppression_groups
 from .roc_release import array_name, check_score_range
 

@@ -1,0 +1,115 @@
+"""Scores in one order whose buckets cross (run by each Site when an exact binned analysis starts): two binned
+releases over crossing grids difference into the parts of buckets where they cross (see `crossing_copies`; the
+near-copy rules for pairs of arrays are `queries.copies`, whose verdict cache this shares)."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from typing import Any
+
+import numpy as np
+
+from .copies import _digest, _verdict
+from .groups import CATEGORICAL_LEVELS
+from .registry import SiteData
+
+
+# -- exact binned releases of two scores in one order ---------------------------------------------------------------
+
+
+def _grids(policy: Any) -> list[tuple[float, float, int]]:
+    """The equal-width grids (lower, upper, buckets) the policy's exact binned analyses bucket scores on."""
+    grids = []
+    lo, hi = policy.score_range
+    if {"score_histogram", "secure_auc"} & set(policy.analyses):
+        grids.append((lo, hi, policy.histogram_bins))
+    if "calibration" in policy.analyses and policy.calibration_strategy == "uniform" and max(0.0, lo) < min(1.0, hi):
+        grids.append((max(0.0, lo), min(1.0, hi), policy.calibration_bins))
+    return grids
+
+
+def _buckets(x: np.ndarray, grid: tuple[float, float, int]) -> np.ndarray:
+    lo, hi, bins = grid
+    return np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
+
+
+def _monotone_part(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
+    """The records of a longest run in which `b` follows `a`'s order (or its reverse), if the records off it
+    are fewer than a quarter of them (else None): two scores that rank most records alike."""
+    best: np.ndarray | None = None
+    for sign in (1.0, -1.0):
+        order = np.lexsort((sign * b, a))
+        seq = (sign * b)[order]
+        if int(np.count_nonzero(seq[1:] < seq[:-1])) >= a.size / 2:
+            continue  # each record off the run makes at most two descents: a quarter or more are off it
+        tails: list[float] = []
+        ends: list[int] = []  # ends[i]: position in seq of the end of the best run of length i + 1
+        before = np.full(seq.size, -1)
+        for pos, v in enumerate(seq.tolist()):
+            i = bisect_right(tails, v)
+            before[pos] = ends[i - 1] if i else -1
+            if i == len(tails):
+                tails.append(v)
+                ends.append(pos)
+            else:
+                tails[i], ends[i] = v, pos
+        run, pos = [], ends[-1]
+        while pos >= 0:
+            run.append(pos)
+            pos = before[pos]
+        if best is None or len(run) > best.size:
+            best = order[np.asarray(run[::-1])]
+    return best if best is not None and a.size - best.size < a.size / 4 else None
+
+
+def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
+    """Whether some record's pair of buckets (one per grid) holds 1..min_cell-1 records and is a proper part of
+    a bucket of either grid that holds at least min_cell (a bucket released, so the part can be differenced)."""
+    if ia.size == 0:
+        return False
+    cells, counts = np.unique(np.column_stack([ia, ib]), axis=0, return_counts=True)
+    na, nb = np.bincount(ia)[cells[:, 0]], np.bincount(ib)[cells[:, 1]]
+    small = (counts < min_cell) & ((counts < na) | (counts < nb)) & (np.maximum(na, nb) >= min_cell)
+    return bool(np.any(small))
+
+
+def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
+    """Run by each Site when a run of an exact binned analysis (Federated histogram, uniform calibration curve,
+    secure AUC) starts: scores of the policy's score role that rank the site's records as the run's score does
+    (a monotone recalibration, a shifted or rounded copy; all but fewer than a quarter of the records) yet
+    bucket them otherwise on the policy's grids. The two binned releases are then one score's over crossing
+    grids, which difference into the parts of buckets where they cross: a part of 1..min_cell-1 records of
+    one class, among the records in the common order, is refused, as a cell. (Six records per site rescored
+    out of the order left a half bucket of one record to be solved from the buckets below them.)"""
+    min_cell = policy.min_cell_count
+    name, label = args.get("score"), args.get("label")
+    if min_cell <= 1 or name not in site.arrays or label not in site.arrays:
+        return []
+    a, y = np.asarray(site.arrays[name]), np.asarray(site.arrays[label])
+    if a.ndim != 1 or y.shape != a.shape or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
+        return []
+    a = a.astype(np.float64)
+    roles = policy.roles
+    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
+    grids = _grids(policy)
+    problems = []
+    for other in sorted(others):
+        b = np.asarray(site.arrays[other])
+        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
+            continue
+        b = b.astype(np.float64)
+
+        def crossing() -> bool:
+            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
+                return False  # a label or a few risk groups: ties, not an order
+            run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
+            if run is None:
+                return False
+            ar, br, yr = a[run], b[run], y[run]
+            return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
+                       for c in np.unique(yr) for ga in grids for gb in grids)
+
+        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
+            problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
+                            f"a bucket where the two grids cross holds fewer than {min_cell} records here")
+    return problems
