@@ -40,3 +40,14 @@ class Spy:
     def released(self) -> list[str]:
         """The queries whose totals reached the analyst beyond the joins (record counts)."""
         return [q for run in self.runs.values() for q, _ in run if q != "run.join"]
+
+    def glm_first_rounds(self, y, X, weights=None) -> dict | None:
+        """A logit GLM's first totals of each query (centring, scaling, the first Fisher round at beta = 0) as
+        the analyst received them, or None if the run released no Fisher round (refused)."""
+        before = set(self.runs)
+        self.attempt(sr.fit_glm, y, X, weights=weights, max_iter=1)
+        got: dict = {}
+        for run in [r for r in self.runs if r not in before]:
+            for query, totals in self.runs[run]:
+                got.setdefault(query, totals)
+        return got if "glm.fisher" in got else None

@@ -88,13 +88,8 @@ class Spy(analyst_spy.Spy):
     def glm_sums(self, label: str, covariate: str, weights: str | None = None) -> dict[str, float] | None:
         """sum w, sum w y, sum w x, sum w y x and sum x^2 decoded from a logit GLM's first rounds (beta = 0),
         or None if the run released nothing beyond its join."""
-        before = set(self.runs)
-        self.attempt(sr.fit_glm, label, covariate, weights=weights, max_iter=1)
-        got: dict = {}
-        for run in [r for r in self.runs if r not in before]:
-            for query, totals in self.runs[run]:
-                got.setdefault(query, totals)
-        if "glm.fisher" not in got:
+        got = self.glm_first_rounds(label, covariate, weights)
+        if got is None:
             return None
         rows = float(np.ravel(got["glm.means"]["rows"])[0])
         c = float(np.ravel(got["glm.means"]["sum"])[0]) / rows

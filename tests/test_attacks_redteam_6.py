@@ -87,13 +87,8 @@ class Spy(analyst_spy.Spy):
     def moments(self, y: str, X: list[str], weights: str | None = None) -> dict | None:
         """n, sum x_i, sum x_i x_j, sum y and sum y x_i (weighted: each times w) decoded from a logit GLM's
         first rounds (beta = 0), or None if the run released no Fisher round."""
-        before = set(self.runs)
-        self.attempt(sr.fit_glm, y, X, weights=weights, max_iter=1)
-        got: dict = {}
-        for run in [r for r in self.runs if r not in before]:
-            for query, totals in self.runs[run]:
-                got.setdefault(query, totals)
-        if "glm.fisher" not in got:
+        got = self.glm_first_rounds(y, X, weights)
+        if got is None:
             return None
         rows = float(np.ravel(got["glm.means"]["rows"])[0])
         c = np.ravel(got["glm.means"]["sum"]) / rows
