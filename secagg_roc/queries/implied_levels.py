@@ -121,8 +121,9 @@ def _cells(cells: Columns, n: int) -> np.ndarray:
 
 
 def across(own: Columns, pool: Columns, cells: Columns, min_cell: int) -> list[str]:
-    """Implied levels of exclusive groups mixing the analysis's indicators (`own`: its two-valued labels,
-    covariates and weights) with the other two-valued arrays the policy names (`pool`), whose cell with one of
+    """Implied levels of exclusive groups mixing the analysis's indicators (`own`: its categorical covariates
+    and weights) with the indicators of the other arrays the policy names (`pool`: their two-valued and
+    categorical columns; its labels among them), whose cell with one of
     `cells` (the analysis's labels and categorical columns, and their joint cells with a two-valued weight) or
     whose count is 1..min_cell-1; [] if none."""
     mine = indicators(own)
