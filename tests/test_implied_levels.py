@@ -37,10 +37,11 @@ def _leaks(columns: dict[str, np.ndarray], own: list[str], y: np.ndarray) -> boo
 @settings(max_examples=150, deadline=None)
 @given(counts=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=2, max_size=5),
        all_levels=st.booleans(), data=st.data())
-def test_the_across_rule_refuses_exactly_the_analyses_that_give_a_small_implied_cell(counts, all_levels, data):
+def test_the_across_rule_refuses_the_analyses_that_give_a_small_implied_cell_and_only_those(counts, all_levels, data):
     """A factor whose levels have the given (y = 0, y = 1) counts, one-hot over its levels (all of them, or all
     but level 0); the analysis uses some of the columns, the policy names the rest. `small_groups` refuses
-    exactly when a set of columns holding one of the analysis's gives a small count or cell by difference."""
+    whenever a set of columns holding one of the analysis's gives a small count or cell by difference, and by
+    the across rule only then."""
     level = np.concatenate([np.full(a + b, k) for k, (a, b) in enumerate(counts)])
     y = np.concatenate([np.r_[np.zeros(a), np.ones(b)] for a, b in counts]).astype(np.int64)
     assume(level.size >= 4)
@@ -50,7 +51,13 @@ def test_the_across_rule_refuses_exactly_the_analyses_that_give_a_small_implied_
     site = SiteData("h", {"y": y, **columns})
     pool = [("label", "y")] + [("covariate", c) for c in columns]
     problems = small_groups(site, [("label", "y")] + [("covariate", c) for c in own], Q, pool=pool)
-    assert bool(problems) == _leaks(columns, own, y), problems
+    # Exact, but for red team 6's cross-tables of two implied levels: conservative by design (a cell of them may
+    # need an analysis that refuses itself), so it may refuse where no sum gives a small cell; never the reverse.
+    exact = [p for p in problems if not p.startswith("the cross-table of the level where")]
+    if _leaks(columns, own, y):
+        assert problems
+    else:
+        assert exact == [], problems
 
 
 def test_a_rare_level_left_out_of_a_complete_one_hot_coding_is_judged_through_the_others():
