@@ -35,9 +35,9 @@ Holes found, each a pooled count or cell of one record (or one record's value) b
    [age_op, A] less one over [age_dx, A] gave the residual's sum over A = 1 from the information matrix:
    1.6000000073 for the one record of A among 11), where the policy allows an analysis that sums values over
    those classes (glm, brier: `copies.CLASS_SUMS`);
-7. (open, strict xfail) the same for a near combination: a total dose off a + b in 8 records, one a case:
-   three GLMs' sums of y * x gave the case's discrepancy (1.6000000003 of 1.6); `queries.combinations` judges
-   its misses over all records only.
+7. the same for a near combination: a total dose off a + b in 8 records, one a case: three GLMs' sums of
+   y * x gave the case's discrepancy (1.6000000003 of 1.6). Fixed (next session): `queries.combinations`
+   fits within each class and level too, as `copies` judges them (`copies.class_strata`).
 
 Costs of the fixes: under a policy without roles every array is judged in the bins, now each level of a
 categorical one too, so a score of a few values (rounded to the bins' edges) withholds more
@@ -479,12 +479,6 @@ def test_a_near_copy_off_in_a_group_holding_one_record_of_a_flag_does_not_give_t
     assert "site 'h1' does not take part" in text and "differs from" in text
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VULN (red team 6): `queries.combinations` judges a combination's misses over all records only: a total dose "
-    "off a + b in 8 records (7 controls, 1 case) gives the case's discrepancy from three GLMs' sums of y * x "
-    "(1.6000000003 of 1.6). Fix: in `combinations._near_combination`, also fit within each class of every label "
-    "and each level of every categorical array the policy names (as `copies._near_map` now does with its "
-    "`classes`), refusing when the misses there sit on 1..min_cell-1 records in effect."))
 def test_a_near_combination_off_in_a_group_holding_one_case_does_not_give_that_cases_difference():
     rng = np.random.default_rng(3)
     data = {}

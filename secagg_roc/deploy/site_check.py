@@ -129,7 +129,8 @@ def site_check(study: Any, name: str, *, state_path: str | Path | None = None) -
         groups += near_copies(data, fine, policy.min_cell_count, lambda role: in_role(role, ()), policy.analyses)
         groups += column_copies(data, [u for u in fine if u[0] == "covariate"], policy.min_cell_count)
         if not groups:  # (after the pairs, as at a join)
-            groups += near_combinations(data, fine, policy.min_cell_count, lambda role: in_role(role, ()))
+            groups += near_combinations(data, fine, policy.min_cell_count, lambda role: in_role(role, ()),
+                                      policy.analyses)
         if groups and not joint:
             lines.append(f"small groups and near copies (this site does not join a run that uses them together, "
                          f"q-style rule min_cell_count = {policy.min_cell_count}):")

@@ -90,5 +90,5 @@ def data_problems(data: SiteData, plan: Plan, args: dict[str, Any], policy: Poli
         problems += plan.data_check(data, args, policy)
     if not problems:  # (several arrays at once, after the pairs: a composite outcome beside its parts)
         problems += _remembered(None if base is None else ("combinations", *base),
-                                lambda: near_combinations(data, uses, min_cell, role_arrays))
+                                lambda: near_combinations(data, uses, min_cell, role_arrays, policy.analyses))
     return problems

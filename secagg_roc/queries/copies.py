@@ -223,6 +223,19 @@ def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
 CLASS_SUMS = ("glm", "brier")
 
 
+def class_strata(site: SiteData, role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str],
+                 role: str, name: str, n: int) -> tuple[list[str], tuple[np.ndarray, ...]]:
+    """Run by a Site: the arrays (a label, a categorical covariate or weight) over whose classes an analysis the
+    policy allows (`CLASS_SUMS`) sums the values of array `name` of `role` over `n` records, and the record
+    masks of those classes. None for a label: labels are summed against values, not within one another."""
+    if role == "label" or not set(CLASS_SUMS) & set(analyses):
+        return [], ()
+    cells = [role_arrays(r) for r in ("label", "covariate", "weight")]
+    cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
+    strata = [y for y in cells if y != name and _levels(np.asarray(site.arrays[y]), n)]
+    return strata, tuple(m for y in strata for m in _levels(np.asarray(site.arrays[y]), n))
+
+
 def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
                 role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str] = CLASS_SUMS
                 ) -> list[str]:
@@ -241,9 +254,6 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     # one another.)
     problems: list[str] = []
     digests: dict[str, bytes] = {}
-    cells = [role_arrays(role) for role in ("label", "covariate", "weight")]
-    cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
-    cells = cells if set(CLASS_SUMS) & set(analyses) else []
 
     def digest(array_name: str) -> bytes:  # each array hashed once per check
         if array_name not in digests:
@@ -259,9 +269,7 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         scores = role_arrays("score")
         # Values (not labels) are summed against every label and categorical array: their residual is judged
         # within each class and level too (a GLM over [x, A] gives sum x over A = 1 from its information).
-        n = a.shape[0]
-        strata = [] if role == "label" else [y for y in cells if y != name and _levels(np.asarray(site.arrays[y]), n)]
-        classes = tuple(m for y in strata for m in _levels(np.asarray(site.arrays[y]), n))
+        strata, classes = class_strata(site, role_arrays, analyses, role, name, a.shape[0])
         if every is None:
             others = set(site.arrays)
         else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
