@@ -49,6 +49,7 @@ from .sharing import SharingScheme
 from .shared_releases import combined
 from .site_releases import NoisyReleases
 from .site_sets import same_sites, site_set
+from .quick_init import quick_init
 
 #: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
 MAX_PENDING_ROUNDS = 1024
@@ -57,6 +58,7 @@ MAX_PENDING_ROUNDS = 1024
 Persist = Callable[[list[LedgerEntry], list[InputShare], Mapping[int, bytes]], None]
 
 
+@quick_init
 @dataclass(frozen=True)
 class Answered:
     """A round this site answered: what it needs to take the round's release back into its plan."""

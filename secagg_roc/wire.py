@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import MessageError
 from .ring import Encoding
+from .quick_init import quick_init
 
 MAGIC = b"SRM"
 VERSION = 2
@@ -48,6 +49,7 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+@quick_init
 @dataclass(frozen=True)
 class RoundId:
     """A round: its study, its number, and the digest of the query that produced it."""

@@ -22,12 +22,14 @@ import numpy as np
 
 from ..errors import SiteQueryError
 from ..memo import SizedMemo
+from ..quick_init import quick_init
 
 #: "secure": summed and released; "dp": per-site values forwarded unsummed; "mpc": summed and *kept* by the
 #: aggregators, who compute only a declared function of the total (the secure AUC) and release that.
 Release = Literal["secure", "dp", "mpc"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class QueryResult:
     """What a site query returns: named arrays and the number of records behind them.
