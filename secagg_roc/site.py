@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -292,7 +293,9 @@ class Site(NoisyReleases):
             values, records, noisy = self._noised_sum(info, number, step, replay)
             entries += noisy
         else:
-            _, result = run_site_query(self.data.with_context(step.context), step.query, step.params, canonical=True)
+            # The query may keep what it derives from the step alone on the step (shared by this process's sites).
+            data = self.data.with_context(step.context, partial(derived, step))
+            _, result = run_site_query(data, step.query, step.params, canonical=True)
             values, records = result.values, result.records
         shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
         return shares, entries

@@ -16,7 +16,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Hashable, Literal, Mapping
 
 import numpy as np
 
@@ -57,6 +57,10 @@ class SiteData:
     public: dict[str, Any] = field(default_factory=dict)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     allowed_queries: frozenset[str] | None = None
+    #: Set while a plan step's query runs (`Site._exact`): `derive(key, compute)` keeps `compute()`, a value
+    #: computed from the step's parameters and `public` alone (never from `arrays`), on the step, which the
+    #: sites of one process share (`plans.base.derived`): a GLM query's cache keys are made once per step.
+    derive: Callable[[Hashable, Callable[[], Any]], Any] | None = None
 
     def array(self, name: str) -> np.ndarray:
         """The site's array called `name`; a clear error if it has none."""
@@ -77,9 +81,11 @@ class SiteData:
                 f"site {self.name!r}: the current plan step derived no value {name!r}"
             ) from None
 
-    def with_context(self, context: Mapping[str, Any]) -> "SiteData":
-        """The same arrays and noise source, with `context` as the step's derived values."""
-        return SiteData(self.name, self.arrays, dict(context), self.rng, self.allowed_queries)
+    def with_context(self, context: Mapping[str, Any],
+                     derive: Callable[[Hashable, Callable[[], Any]], Any] | None = None) -> "SiteData":
+        """The same arrays and noise source, with `context` as the step's derived values (and `derive`, the
+        step's keeper of values derived from its parameters and context alone)."""
+        return SiteData(self.name, self.arrays, dict(context), self.rng, self.allowed_queries, derive)
 
     def fail(self, problem: str) -> SiteQueryError:
         """An error naming this site, for a query to raise."""
