@@ -119,8 +119,11 @@ class SharedSteps:
         from ..queries import params_json
 
         info = ctx.run
-        key = (plan.name, params_json(args), ctx.policy.digest(), ctx.n_sites, ctx.party == "analyst",
-               info.run, info.analysis, params_json(info.args), info.contributors, info.records)
+        args_text = params_json(args)
+        # (A site's run holds the arguments it joined with as its RunInfo's: one text for both then.)
+        run_args_text = args_text if info.args is args else params_json(info.args)
+        key = (plan.name, args_text, ctx.policy.digest(), ctx.n_sites, ctx.party == "analyst",
+               info.run, info.analysis, run_args_text, info.contributors, info.records)
         with _LOCK:
             return self._root(key, make)
 
