@@ -234,7 +234,11 @@ Layout = tuple[tuple[str, tuple[int, ...], bool], ...]
 
 
 def layout_size(layout: Layout) -> int:
-    """Number of ring elements a layout flattens to."""
+    """Number of ring elements a layout flattens to (found by identity for a layout `layout.flatten` made: every
+    party checks every share's length, and an embedded study's sites hand over the same layout objects)."""
+    hit = _SIZES.get(id(layout))
+    if hit is not None and hit[0] is layout:
+        return hit[1]
     total = 0
     for _, shape, _ in layout:
         n = 1
@@ -242,3 +246,16 @@ def layout_size(layout: Layout) -> int:
             n *= d
         total += n
     return total
+
+
+#: Sizes of the layouts `layout.flatten` made (immutable by construction: names, tuples of ints, bools): id ->
+#: (the layout, its size). Held with the layout, so an id is not reused while its entry lives.
+_SIZES: dict[int, tuple[Layout, int]] = {}
+_SIZES_KEPT = 256
+
+
+def remember_size(layout: Layout) -> None:
+    """Keep the size of `layout`, an immutable layout made in this process (`layout.flatten`)."""
+    if len(_SIZES) >= _SIZES_KEPT:
+        _SIZES.clear()
+    _SIZES[id(layout)] = (layout, layout_size(layout))
