@@ -1,8 +1,10 @@
-"""A layout's size is found by identity for the layouts `flatten` made, and computed for any other."""
+"""A layout's size is found by identity for the layouts `flatten` made, and computed for any other; a round
+checks every new layout object against its query's declared outputs."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, strategies as st
 
 from secagg_roc.layout import flatten
@@ -20,3 +22,29 @@ def test_the_size_of_a_flattened_layout_is_its_element_count_found_again_or_not(
     assert copy is not layout and layout_size(copy) == flat.size
     # A layout that merely shares a shape is not taken for the one kept.
     assert layout_size(copy + (("z", (3,), False),)) == flat.size + 3
+
+
+def test_a_round_checks_each_new_layout_object_against_the_declared_outputs_and_skips_only_the_same_one():
+    from secagg_roc.errors import RoundError
+    from secagg_roc.messages import InputShare, Query, RoundId
+    from secagg_roc.queries import query_digest
+    from secagg_roc.ring import FixedPoint
+    from secagg_roc.round import Round, RoundPolicy
+    from secagg_roc.sharing import AdditiveSharing
+
+    policy = RoundPolicy(frozenset({"a", "b", "c"}))
+    rid = RoundId("s", 0, query_digest("s", "glm.fisher", {}, 32))
+    r = Round(Query(rid, "glm.fisher", "{}", 32), 0, policy, AdditiveSharing(2))
+    layout, flat = flatten({"score": np.zeros(2), "info": np.zeros((2, 2)), "deviance": np.zeros(1)},
+                           {"score": "float", "info": "float", "deviance": "float"})
+    enc = FixedPoint(32, max_sites=3).float_encoding
+
+    def share(site, lay, n):
+        return InputShare(rid, site, 0, enc, 10, lay, vector=np.zeros(n, dtype=np.uint64))
+
+    assert r.submit(share("a", layout, flat.size))
+    assert r.submit(share("b", layout, flat.size))  # the same object: taken without a second look
+    wrong = (("deviance", (1,), False), ("info", (2, 2), False), ("scores", (2,), False))
+    with pytest.raises(RoundError, match="declares"):
+        r.submit(share("c", wrong, flat.size))
+    assert sorted(r.accepted) == ["a", "b"]
