@@ -43,6 +43,11 @@ MAX_CHAIN = 4096
 ROLLBACK = "its DP ledger does not extend the DP releases this aggregator saw from it"
 
 
+#: `json.dumps(value, sort_keys=True, separators=(",", ":"))` with its encoder made once (json.dumps makes one per
+#: call when given options): every charged release of every site links its chain.
+_LINK_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
 def start(site: str) -> bytes:
     """The chain's root for `site` (never sent: a chain of no release is empty)."""
     return hashlib.sha256(b"secagg-roc dp chain\0" + site.encode()).digest()
@@ -52,7 +57,7 @@ def link(previous: bytes, key: str, run: str, step: int, charge: dict[str, Any])
     """The head after a charged release: the previous head and the release's identity and charge (not its
     values: a restored snapshot re-encodes them, and the key already binds query, parameters and data)."""
     charge = {k: float(v) for k, v in charge.items()}  # 1 and 1.0 are one charge: one head
-    blob = json.dumps([key, run, int(step), charge], sort_keys=True, separators=(",", ":")).encode()
+    blob = _LINK_JSON([key, run, int(step), charge]).encode()
     return hashlib.sha256(previous + blob).digest()
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from .errors import SiteQueryError
 from .messages import Layout, check_name
+from .wire import remember_size
 
 
 #: The layouts made lately, each its own key: a query's outputs give a handful.
@@ -40,9 +41,14 @@ def flatten(values: Mapping[str, np.ndarray], kinds: Mapping[str, str] | None = 
     layout = tuple(zip(names, [a.shape for a in arrays], integer))
     # One object per layout in this process: every round of a query and every site give the same one, so the
     # aggregators' checks of it (`round._plain_layout`) find it by identity after the first.
-    layout = _LAYOUTS.setdefault(layout, layout)
-    if len(_LAYOUTS) > _LAYOUTS_KEPT:
-        _LAYOUTS.clear()
+    known = _LAYOUTS.get(layout)
+    if known is None:
+        if len(_LAYOUTS) >= _LAYOUTS_KEPT:
+            _LAYOUTS.clear()
+        _LAYOUTS[layout] = layout
+        remember_size(layout)  # (its size, found by identity at every check of a share's length)
+    else:
+        layout = known
     dtype = np.int64 if all(integer) else np.float64
     if len(arrays) == 1 and arrays[0].dtype == dtype and arrays[0].flags.c_contiguous:
         return layout, arrays[0].reshape(-1)  # the common large case: no copy

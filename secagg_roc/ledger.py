@@ -47,11 +47,13 @@ from .dp.accounting import Charge, Spent, total
 from .errors import PolicyError
 from .policy import Policy
 from .site_sets import site_set
+from .quick_init import quick_init
 
 
 #: Exact releases a ledger keeps one by one (the latest); older ones are only counted.
 KEEP_EXACT = 1024
 
+@quick_init
 @dataclass(frozen=True)
 class ExactRelease:
     """One exact (secure-sum) release this site took part in."""

@@ -37,11 +37,16 @@ class SizedMemo(Generic[T]):
         self._lock = threading.Lock()  # sites compute digests in worker threads
 
     def __call__(self, *key: object) -> T:
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
+        # A hit without the lock: one dict read is atomic under the GIL (the keys are strings and ints, hashed
+        # and compared in C), and an entry is an immutable pair. Every party checks every message's digest and
+        # parameters here, so the hit path is most of the calls.
+        hit = self._items.get(key)
+        if hit is not None:
+            try:
                 self._items.move_to_end(key)
-                return hit[0]
+            except KeyError:  # evicted by another thread just now: the value read is still the function's
+                pass
+            return hit[0]
         value = self.fn(*key)  # raises for a bad query: nothing is memoised
         n = self.size(key)
         if n > self.max_chars // 8:

@@ -19,6 +19,7 @@ from .dp_chain import HEAD_BYTES, MAX_CHAIN
 from .errors import MessageError
 from .memo import SizedMemo
 from .ring import Encoding
+from .quick_init import quick_init
 from .wire import (  # noqa: F401  (re-exported: the identifiers and format constants callers import from here)
     DIGEST_BYTES,
     MAGIC,
@@ -100,6 +101,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         raise MessageError(f"malformed message: {type(exc).__name__}: {exc}") from None
 
 
+@quick_init
 @dataclass(frozen=True)
 class Query(Message):
     """Analyst -> aggregators and sites: open round `round_id` for site query `name(params)`.
@@ -171,6 +173,7 @@ def _payload_sizes(layout: Layout) -> tuple[int, int]:
     return (n, 2 * n)
 
 
+@quick_init
 @dataclass(frozen=True)
 class InputShare(Message):
     """Site -> aggregator j: the site's share of its query output for one round.
@@ -243,6 +246,7 @@ class InputShare(Message):
         return cls(round_id, site, aggregator, encoding, records, layout, seed=seed, vector=vector, dp_chain=chain)
 
 
+@quick_init
 @dataclass(frozen=True)
 class StatusRequest(Message):
     """Analyst -> aggregator: which sites have you accepted in this round?"""
@@ -258,6 +262,7 @@ class StatusRequest(Message):
         return cls(r.round_id())
 
 
+@quick_init
 @dataclass(frozen=True)
 class RoundStatus(Message):
     """Aggregator -> analyst: the sites accepted so far and whether the round was released."""
@@ -280,6 +285,7 @@ class RoundStatus(Message):
         return cls(rid, accepted, bool(released))
 
 
+@quick_init
 @dataclass(frozen=True)
 class CloseRound(Message):
     """Analyst -> every aggregator: close the round over this agreed contributor set."""
@@ -297,6 +303,7 @@ class CloseRound(Message):
         return cls(r.round_id(), r.names("contributors"))
 
 
+@quick_init
 @dataclass(frozen=True)
 class AggregateShare(Message):
     """Aggregator j -> analyst: its share of the total over the agreed contributors."""
@@ -329,6 +336,7 @@ class AggregateShare(Message):
         return cls(rid, agg, contributors, records, encoding, layout, vector)
 
 
+@quick_init
 @dataclass(frozen=True)
 class ForwardedShares(Message):
     """Aggregator j -> analyst and contributing sites: site j's shares of a per-site release, unsummed.

@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 
 from .dp.accounting import Charge
 from .errors import PolicyError
+from .quick_init import quick_init
 
 #: The roles an array can play in an analysis.
 ROLES = ("label", "score", "covariate", "weight")
@@ -125,6 +126,7 @@ class DPPolicy:
         return asdict(self)
 
 
+@quick_init
 @dataclass(frozen=True)
 class DPRequest:
     """One DP release as an analysis asks for it, checked against the policy."""

@@ -88,6 +88,8 @@ class Round:
         self.outputs = None if spec is None else spec.outputs
         #: The (name, integer) pairs every share's layout must have: the query's declared outputs.
         self._declared = None if spec is None else sorted((n, k == "int") for n, k in spec.outputs.items())
+        #: The last layout found to match `_declared` (held: its id is not reused meanwhile).
+        self._layout_seen: object = None
         self.accepted: dict[str, InputShare] = {}
         self.released: AggregateShare | ForwardedShares | None = None
         #: The contributor set of the release; kept after `forget` drops the share itself.
@@ -151,10 +153,13 @@ class Round:
             raise RoundError(
                 f"share from {share.site!r} has frac_bits={share.encoding.frac_bits}, the query asked for {self.query.frac_bits}"
             )
-        if self._declared is not None:
+        if self._declared is not None and share.layout is not self._layout_seen:
             pairs = [(n, i) for n, _, i in share.layout]  # a site's layout comes sorted by name (`flatten`)
             if pairs != self._declared and sorted(pairs) != self._declared:
                 raise RoundError(f"share from {share.site!r}: its layout does not match the outputs {self.query.name!r} declares")
+            # The very same layout object again (a plain layout is immutable: `_check_fields` found it so) needs
+            # no second look: the sites of one process hand over one layout object per layout (`flatten`).
+            self._layout_seen = share.layout
         # Whether the shares agree with each other is decided at the close (`_disagreeing`), never by
         # whichever share came first: one odd share must not make every honest one bounce.
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Callable, Mapping
 
 import numpy as np
@@ -49,6 +50,7 @@ from .sharing import SharingScheme
 from .shared_releases import combined
 from .site_releases import NoisyReleases
 from .site_sets import same_sites, site_set
+from .quick_init import quick_init
 
 #: Answered rounds a site keeps waiting for their release; beyond this the oldest are given up.
 MAX_PENDING_ROUNDS = 1024
@@ -57,6 +59,7 @@ MAX_PENDING_ROUNDS = 1024
 Persist = Callable[[list[LedgerEntry], list[InputShare], Mapping[int, bytes]], None]
 
 
+@quick_init
 @dataclass(frozen=True)
 class Answered:
     """A round this site answered: what it needs to take the round's release back into its plan."""
@@ -290,7 +293,9 @@ class Site(NoisyReleases):
             values, records, noisy = self._noised_sum(info, number, step, replay)
             entries += noisy
         else:
-            _, result = run_site_query(self.data.with_context(step.context), step.query, step.params, canonical=True)
+            # The query may keep what it derives from the step alone on the step (shared by this process's sites).
+            data = self.data.with_context(step.context, partial(derived, step))
+            _, result = run_site_query(data, step.query, step.params, canonical=True)
             values, records = result.values, result.records
         shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
         return shares, entries

@@ -19,6 +19,7 @@ from .layout import flatten
 from .ledger import Ledger, LedgerEntry
 from .messages import InputShare, Query
 from .plans import RunInfo, Step
+from .plans.base import derived
 from .policy import Policy
 from .queries import SiteData, lookup, run_site_query
 from .ring import RawFloat
@@ -28,6 +29,16 @@ __all__ = ["NoisyReleases"]
 
 #: `json.dumps(value, sort_keys=True)`, its encoder made once.
 _SORTED_JSON = json.JSONEncoder(sort_keys=True).encode
+
+
+def release_key_text(study: str, query: str, params_text: str, data_digest: str,
+                     contributors: tuple[str, ...] | None = None) -> str:
+    """`_SORTED_JSON([study, query, params, data_digest(, sorted(contributors))])` where `params_text` is
+    `_SORTED_JSON(params)`: a list's items written one by one and joined as the encoder joins them (", ")."""
+    items = [_SORTED_JSON(study), _SORTED_JSON(query), params_text, _SORTED_JSON(data_digest)]
+    if contributors is not None:
+        items.append(_SORTED_JSON(sorted(contributors)))
+    return "[" + ", ".join(items) + "]"
 
 
 class NoisyReleases:
@@ -50,11 +61,12 @@ class NoisyReleases:
         and for a summed release the site noises itself its `contributors`: replayed over another set, a
         site's noise share would recur beside fresh ones and could be isolated by differencing, charged once
         (tests/test_attacks_combined.py); over another set it is drawn and charged afresh."""
-        # A step's parameters are canonical (`Step` made them so): the same text as converting them again.
-        parts = [self.study, step.query, step.params, self.data_digest]
-        if contributors is not None:
-            parts.append(sorted(contributors))
-        blob = _SORTED_JSON(parts)
+        # A step's parameters are canonical (`Step` made them so): the same text as converting them again. The
+        # blob is `_SORTED_JSON(parts)` for parts = [study, query, params, data digest(, sorted contributors)],
+        # written item by item as the encoder joins a list's items (", "): the parameters' text is a function of
+        # the step alone, made once for the sites of this process that share the step (`derived`).
+        params_text = derived(step, "sorted json", lambda: _SORTED_JSON(step.params))
+        blob = release_key_text(self.study, step.query, params_text, self.data_digest, contributors)
         return hashlib.sha256(blob.encode()).hexdigest()
 
     def _noised_sum(self, info: RunInfo, number: int, step: Step, replay: bool) -> tuple[Mapping, int, list]:

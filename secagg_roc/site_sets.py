@@ -61,11 +61,15 @@ def _lookup(names: Sequence[str]) -> tuple[SiteSet, bool]:
     tuples and frozensets (a list can change under the same id: it is read every time)."""
     immutable = type(names) in (tuple, frozenset)
     if immutable:
-        with _LOCK:
-            hit = _BY_ID.get(id(names))
-            if hit is not None and hit[0] is names:
+        # Without the lock: one dict read is atomic under the GIL and an entry is an immutable triple (the
+        # tables change under the lock only). Every site checks a run's set several times a round.
+        hit = _BY_ID.get(id(names))
+        if hit is not None and hit[0] is names:
+            try:
                 _BY_ID.move_to_end(id(names))
-                return hit[1], hit[2]
+            except KeyError:  # evicted by another thread just now: the entry read is still right
+                pass
+            return hit[1], hit[2]
     canonical, exact = _read(names)
     with _LOCK:
         if immutable:

@@ -25,6 +25,7 @@ import numpy as np
 
 from .errors import MessageError
 from .ring import Encoding
+from .quick_init import quick_init
 
 MAGIC = b"SRM"
 VERSION = 2
@@ -48,6 +49,7 @@ def check_name(value: str, what: str) -> str:
     return value
 
 
+@quick_init
 @dataclass(frozen=True)
 class RoundId:
     """A round: its study, its number, and the digest of the query that produced it."""
@@ -232,7 +234,11 @@ Layout = tuple[tuple[str, tuple[int, ...], bool], ...]
 
 
 def layout_size(layout: Layout) -> int:
-    """Number of ring elements a layout flattens to."""
+    """Number of ring elements a layout flattens to (found by identity for a layout `layout.flatten` made: every
+    party checks every share's length, and an embedded study's sites hand over the same layout objects)."""
+    hit = _SIZES.get(id(layout))
+    if hit is not None and hit[0] is layout:
+        return hit[1]
     total = 0
     for _, shape, _ in layout:
         n = 1
@@ -240,3 +246,16 @@ def layout_size(layout: Layout) -> int:
             n *= d
         total += n
     return total
+
+
+#: Sizes of the layouts `layout.flatten` made (immutable by construction: names, tuples of ints, bools): id ->
+#: (the layout, its size). Held with the layout, so an id is not reused while its entry lives.
+_SIZES: dict[int, tuple[Layout, int]] = {}
+_SIZES_KEPT = 256
+
+
+def remember_size(layout: Layout) -> None:
+    """Keep the size of `layout`, an immutable layout made in this process (`layout.flatten`)."""
+    if len(_SIZES) >= _SIZES_KEPT:
+        _SIZES.clear()
+    _SIZES[id(layout)] = (layout, layout_size(layout))

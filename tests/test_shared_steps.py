@@ -123,6 +123,14 @@ def test_release_keys_tell_apart_shape_dtype_order_metadata_and_signed_zero() ->
     assert release_key({"a": {"x": [1.0]}}) is None and release_key(object()) is None  # not shared: own steps
 
 
+def test_a_release_keyed_again_gives_its_key_and_the_next_release_its_own() -> None:
+    first = Totals({"x": np.array([1.0, 2.0])}, 3, ("a", "b"))
+    key = release_key(first)
+    assert release_key(first) == key  # the same object again (as each site of a process hands it over)
+    other = Totals({"x": np.array([1.0, 2.5])}, 3, ("a", "b"))
+    assert release_key(other) != key and release_key(first) == key  # never the last one's key for another
+
+
 def test_a_step_derives_a_value_once_and_keeps_a_bounded_number() -> None:
     step = Step(QUERY, {"label": "y", "score": "s", "score_range": [0.0, 1.0]})
     seen: list = []

@@ -40,8 +40,10 @@ from ..errors import PolicyError
 from ..policy import Policy
 from ..queries import canonical_params, lookup
 from ..queries.run import JOIN
+from ..quick_init import quick_init
 
 
+@quick_init
 @dataclass(frozen=True)
 class Step:
     """One round of a plan: what every contributing site computes.

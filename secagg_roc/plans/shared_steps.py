@@ -89,7 +89,26 @@ def release_key(release: Any) -> Hashable | None:
     """The exact content of a release, as a dict key; None for a kind not recognised (never shared then).
 
     Totals (name -> array, with records and contributors), a per-site release (site -> name -> array),
-    or the one float of a kept round. Floats by their bits: 0.0 and -0.0, or two NaNs, are told apart."""
+    or the one float of a kept round. Floats by their bits: 0.0 and -0.0, or two NaNs, are told apart.
+
+    The key of the last release keyed is kept with it: the sites of one process are handed the very same
+    release object (`shared_releases.combined`: read-only arrays, never changed once handed out), and each
+    would read all its bytes again."""
+    global _LAST_KEY
+    last = _LAST_KEY
+    if last is not None and last[0] is release:
+        return last[1]
+    key = _release_key(release)
+    _LAST_KEY = (release, key)  # one assignment: a thread reads the old pair or the new one, never a mix
+    return key
+
+
+#: (the release, its key) of the last release keyed (holding the release: its id is not reused meanwhile).
+_LAST_KEY: tuple[Any, Hashable | None] | None = None
+
+
+def _release_key(release: Any) -> Hashable | None:
+    """`release_key`, computed."""
     kind = type(release)
     if kind is Totals:
         parts = _arrays_key(release)
@@ -119,8 +138,11 @@ class SharedSteps:
         from ..queries import params_json
 
         info = ctx.run
-        key = (plan.name, params_json(args), ctx.policy.digest(), ctx.n_sites, ctx.party == "analyst",
-               info.run, info.analysis, params_json(info.args), info.contributors, info.records)
+        args_text = params_json(args)
+        # (A site's run holds the arguments it joined with as its RunInfo's: one text for both then.)
+        run_args_text = args_text if info.args is args else params_json(info.args)
+        key = (plan.name, args_text, ctx.policy.digest(), ctx.n_sites, ctx.party == "analyst",
+               info.run, info.analysis, run_args_text, info.contributors, info.records)
         with _LOCK:
             return self._root(key, make)
 

@@ -35,7 +35,7 @@ def labels(site: SiteData, name: str) -> np.ndarray:
         return raw.astype(np.int64)
     if raw.dtype.kind not in "iuf":
         raise site.fail(f"label array {name!r} must be numeric 0/1, got dtype {raw.dtype}")
-    if raw.dtype.kind == "f" and not np.all(np.isfinite(raw)):
+    if raw.dtype.kind == "f" and not np.isfinite(raw).all():
         raise site.fail(f"label array {name!r} contains NaN or infinite values")
     # The same test as np.isin(raw, (0, 1)), at a tenth of its cost: every query of a run checks its labels.
     if ((raw != 0) & (raw != 1)).any():
@@ -52,7 +52,7 @@ def scores(site: SiteData, name: str, *, n: int | None = None) -> np.ndarray:
     if raw.dtype.kind not in "iufb":
         raise site.fail(f"score array {name!r} must be numeric, got dtype {raw.dtype}")
     s = raw.astype(np.float64)
-    if not np.all(np.isfinite(s)):
+    if not np.isfinite(s).all():
         raise site.fail(f"score array {name!r} contains NaN or infinite values")
     if n is not None and s.size != n:
         raise site.fail(f"score array {name!r} has a different length than the labels")
@@ -94,7 +94,7 @@ def clipped_scores(site: SiteData, params: dict[str, Any], n: int | None = None)
     refused: a refusal would tell the analyst something about the data.
     """
     lo, hi = score_range(site, params)
-    return np.clip(scores(site, param(site, params, "score"), n=n), lo, hi)
+    return scores(site, param(site, params, "score"), n=n).clip(lo, hi)  # (what `np.clip` calls)
 
 
 def labels_scores(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -106,9 +106,11 @@ def labels_scores(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, n
 def reference(site: SiteData, key: str) -> np.ndarray:
     """A reference sample the step derived (the pooled released scores), sorted, as survivor() expects."""
     ref = np.asarray(site.public_value(key), dtype=float).ravel()
-    if ref.size == 0 or not np.all(np.isfinite(ref)):
+    if ref.size == 0 or not np.isfinite(ref).all():
         raise site.fail(f"derived value {key!r} must be a non-empty finite sample")
-    return np.sort(ref)
+    ref = ref.copy()  # sorted in place, as `np.sort` does on its copy
+    ref.sort()
+    return ref
 
 
 def matrix(site: SiteData, names: Any, n: int | None) -> np.ndarray:

@@ -77,7 +77,7 @@ def build_design(site: SiteData, params: dict[str, Any]) -> Design:
 def _built(site: SiteData, spec: dict[str, Any], builder: Callable) -> tuple[dict, Design, dict, dict]:
     """The cache entry of a design: (the site's arrays, the design, its standardized matrices by centre/scale,
     values that depend on the design alone: its null-deviance parts)."""
-    key = (id(site.arrays), _SORTED_JSON(spec), _context_digest(site.public))
+    key = (id(site.arrays), *_design_key(site, spec))
     hit = _DESIGNS_BUILT.get(key)
     if hit is not None and hit[0] is site.arrays:  # the very same arrays object (held below, so its id is not reused)
         _DESIGNS_BUILT.move_to_end(key)
@@ -86,6 +86,15 @@ def _built(site: SiteData, spec: dict[str, Any], builder: Callable) -> tuple[dic
     while len(_DESIGNS_BUILT) > _DESIGNS_KEPT:
         _DESIGNS_BUILT.popitem(last=False)
     return entry
+
+
+def _design_key(site: SiteData, spec: dict[str, Any]) -> tuple[str, str]:
+    """(the design's parameters as sorted JSON, a digest of the step's derived values): the part of a design's
+    cache key that is a function of the step alone, made once per step for the sites that share it."""
+    def compute() -> tuple[str, str]:
+        return _SORTED_JSON(spec), _context_digest(site.public)
+
+    return compute() if site.derive is None else site.derive("glm.design", compute)
 
 
 #: `json.dumps(value, sort_keys=True)`, its encoder made once.
@@ -152,7 +161,10 @@ def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:
     entry = _built(site, *_spec(site, params))
     y, X, w, records = entry[1]
     # Fisher scoring standardizes with the same public centre and scale every iteration: kept with the design.
-    scaling = json.dumps([params.get("center"), params.get("scale")])
+    def scaling_text() -> str:
+        return json.dumps([params.get("center"), params.get("scale")])
+
+    scaling = scaling_text() if site.derive is None else site.derive("glm.scaling", scaling_text)
     Z = entry[2].get(scaling)
     if Z is None:
         Z = _standardize(site, X, params)

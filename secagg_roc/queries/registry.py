@@ -16,18 +16,20 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Literal, Mapping
+from typing import Any, Callable, Hashable, Literal, Mapping
 
 import numpy as np
 
 from ..errors import SiteQueryError
 from ..memo import SizedMemo
+from ..quick_init import quick_init
 
 #: "secure": summed and released; "dp": per-site values forwarded unsummed; "mpc": summed and *kept* by the
 #: aggregators, who compute only a declared function of the total (the secure AUC) and release that.
 Release = Literal["secure", "dp", "mpc"]
 
 
+@quick_init
 @dataclass(frozen=True)
 class QueryResult:
     """What a site query returns: named arrays and the number of records behind them.
@@ -55,6 +57,10 @@ class SiteData:
     public: dict[str, Any] = field(default_factory=dict)
     rng: np.random.Generator = field(default_factory=np.random.default_rng)
     allowed_queries: frozenset[str] | None = None
+    #: Set while a plan step's query runs (`Site._exact`): `derive(key, compute)` keeps `compute()`, a value
+    #: computed from the step's parameters and `public` alone (never from `arrays`), on the step, which the
+    #: sites of one process share (`plans.base.derived`): a GLM query's cache keys are made once per step.
+    derive: Callable[[Hashable, Callable[[], Any]], Any] | None = None
 
     def array(self, name: str) -> np.ndarray:
         """The site's array called `name`; a clear error if it has none."""
@@ -75,9 +81,11 @@ class SiteData:
                 f"site {self.name!r}: the current plan step derived no value {name!r}"
             ) from None
 
-    def with_context(self, context: Mapping[str, Any]) -> "SiteData":
-        """The same arrays and noise source, with `context` as the step's derived values."""
-        return SiteData(self.name, self.arrays, dict(context), self.rng, self.allowed_queries)
+    def with_context(self, context: Mapping[str, Any],
+                     derive: Callable[[Hashable, Callable[[], Any]], Any] | None = None) -> "SiteData":
+        """The same arrays and noise source, with `context` as the step's derived values (and `derive`, the
+        step's keeper of values derived from its parameters and context alone)."""
+        return SiteData(self.name, self.arrays, dict(context), self.rng, self.allowed_queries, derive)
 
     def fail(self, problem: str) -> SiteQueryError:
         """An error naming this site, for a query to raise."""
@@ -93,9 +101,22 @@ class SiteData:
         h = hashlib.sha256()
         for name in sorted(self.arrays):
             a = np.ascontiguousarray(self.arrays[name])
-            h.update(json.dumps([name, a.dtype.str, list(a.shape)]).encode())
+            h.update(_array_header(name, a).encode())
             h.update(memoryview(a).cast("B") if a.size else b"")
         return h.hexdigest()
+
+
+def _array_header(name: Any, a: np.ndarray) -> str:
+    """``json.dumps([name, a.dtype.str, list(a.shape)])``, written directly (every new site digests its data at
+    its first join: the encoder's set-up cost more than the text): the same text, property-tested."""
+    if type(name) is not str:
+        return json.dumps([name, a.dtype.str, list(a.shape)])
+    shape = ", ".join([str(int(d)) for d in a.shape])
+    return f"[{_json_str(name)}, {_json_str(a.dtype.str)}, [{shape}]]"
+
+
+#: How `json.dumps` writes a string (ASCII, escaped).
+_json_str = json.encoder.encode_basestring_ascii
 
 
 QueryFunc = Callable[[SiteData, dict[str, Any]], QueryResult]

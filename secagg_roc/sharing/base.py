@@ -21,8 +21,10 @@ import numpy as np
 from ..buffers import BufferPool
 from ..ring import FixedPoint
 from .threat import ThreatModel
+from ..quick_init import quick_init
 
 
+@quick_init
 @dataclass(frozen=True)
 class Payload:
     """What one aggregator receives from one site: a PRG seed, or ring elements."""

@@ -139,9 +139,13 @@ def run_tasks(tasks: Sequence[Task], header: dict[str, Any]) -> list[dict[str, A
         return [run_task(header["master_seed"], grid[si], i, **opts) for si, i in tasks]
 
 
+#: `json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)`, its encoder made once (not per line).
+_RECORD_JSON = json.JSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False).encode
+
+
 def dumps(record: dict[str, Any]) -> str:
     """One JSON line, keys sorted: the same bytes for the same record wherever it was computed."""
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return _RECORD_JSON(record)
 
 
 def read_results(path: str | os.PathLike) -> tuple[dict[str, Any] | None, list[dict[str, Any]], int]:

@@ -72,15 +72,17 @@ def fisher_parts(
         log_phi = -0.5 * eta * eta - _HALF_LOG_2PI
         # (y - mu) mu' / (mu (1 - mu)) = y phi / mu - (1 - y) phi / (1 - mu), stable in the tails.
         ratio_1, ratio_0 = np.exp(log_phi - log_mu), np.exp(log_phi - log_1mu)
-        resid = y * ratio_1 - y0 * ratio_0
+        y_ratio_1, y0_ratio_0 = y * ratio_1, y0 * ratio_0  # (each read twice below: the same products)
+        resid = y_ratio_1 - y0_ratio_0
         info_w = np.exp(2.0 * log_phi - log_mu - log_1mu)
         if observed:
             # -d2/deta2 of y log Phi + (1 - y) log(1 - Phi); both terms are positive (log Phi is concave).
-            hess_w = y * ratio_1 * (eta + ratio_1) + y0 * ratio_0 * (ratio_0 - eta)
+            hess_w = y_ratio_1 * (eta + ratio_1) + y0_ratio_0 * (ratio_0 - eta)
     score = X.T @ (w * resid)
     info = (X * (w * info_w)[:, None]).T @ X
     # Binomial deviance against the saturated model; xlogy makes 0 * log 0 = 0.
-    dev = 2.0 * np.sum(w * (sat_1 - y * log_mu + sat_0 - y0 * log_1mu))
+    # (`np.add.reduce` is what `np.sum` calls, without its Python wrappers: a round's arrays are small.)
+    dev = 2.0 * np.add.reduce(w * (sat_1 - y * log_mu + sat_0 - y0 * log_1mu), axis=None)
     if not observed:
         return score, info, float(dev)
     obs = info if hess_w is None else (X * (w * hess_w)[:, None]).T @ X
@@ -89,5 +91,5 @@ def fisher_parts(
 
 def null_parts(y: np.ndarray, w: np.ndarray) -> np.ndarray:
     """(sum w y, sum w, saturated deviance term): what the null deviance needs, at any `beta`."""
-    saturated = 2.0 * np.sum(w * (xlogy(y, y) + xlogy(1.0 - y, 1.0 - y)))
+    saturated = 2.0 * np.add.reduce(w * (xlogy(y, y) + xlogy(1.0 - y, 1.0 - y)), axis=None)
     return np.array([float(w @ y), float(w.sum()), float(saturated)])

@@ -61,12 +61,14 @@ def placement_numerators(ref_sorted: np.ndarray, x: ArrayLike, ties: Ties = "str
     if n == 0:
         raise ValueError("survivor function of an empty reference sample")
     x = np.asarray(x, dtype=float)
-    at_most = np.searchsorted(ref, x, side="right").astype(np.int64)
+    # The arrays' own methods, which `np.searchsorted` and `np.sort` call (placement values are asked for in
+    # every ROC-GLM round of every site, on small arrays: the wrappers cost as much as the search).
+    at_most = ref.searchsorted(x, side="right").astype(np.int64)
     greater = n - at_most
     if ties == "strict":
         return greater, n
     if ties == "half":
-        below = np.searchsorted(ref, x, side="left").astype(np.int64)
+        below = ref.searchsorted(x, side="left").astype(np.int64)
         return 2 * greater + (at_most - below), 2 * n
     raise ValueError(f"ties must be 'strict' or 'half', got {ties!r}")
 
@@ -90,9 +92,10 @@ def exact_exceedance_counts(numerators: np.ndarray, denominator: int, fractions:
     ``k / d <= p / q`` exactly when ``k <= floor(p d / q)``: no rounding can move a
     placement value that equals a threshold to the other side of it.
     """
-    num = np.sort(np.asarray(numerators, dtype=np.int64))
+    num = np.array(numerators, dtype=np.int64)  # a copy, sorted in place (as `np.sort` does)
+    num.sort()
     cuts = np.array([(f.numerator * int(denominator)) // f.denominator for f in fractions], dtype=np.int64)
-    return np.searchsorted(num, cuts, side="right").astype(np.int64)
+    return num.searchsorted(cuts, side="right").astype(np.int64)
 
 
 def exact_moments(total: int, square_hi: int, square_lo: int, count: int, denominator: int) -> tuple[float, float]:
@@ -116,7 +119,8 @@ def split_squares(numerators: np.ndarray) -> tuple[int, int]:
     if a.size and int(a.max()) >= 1 << 32:
         raise ValueError("placement numerators beyond 2^32 (more than 2^31 reference records)")
     sq = a * a  # < 2^64: exact in uint64
-    return int(np.sum(sq >> np.uint64(32), dtype=np.uint64)), int(np.sum(sq & np.uint64(0xFFFFFFFF), dtype=np.uint64))
+    add = np.add.reduce  # (what `np.sum` calls)
+    return int(add(sq >> np.uint64(32), axis=None, dtype=np.uint64)), int(add(sq & np.uint64(0xFFFFFFFF), axis=None, dtype=np.uint64))
 
 
 def default_thresholds(n: int = 30) -> np.ndarray:
