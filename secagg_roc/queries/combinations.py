@@ -35,9 +35,12 @@ Not seen, then: a combination of three or more arrays with products among them, 
 + 1) + min_cell - 1 records for the m other columns, a linear combination of three or more.
 
 Where the policy allows an analysis that sums values over a class of a label or a level of a categorical
-array (`copies.CLASS_SUMS`: a GLM's sums of y * x), the fit is tried within each such class too (the columns
+array (`class_sums.CLASS_SUMS`: a GLM's sums of y * x), the fit is tried within each such class too (the columns
 constant there left out): a total dose off a + b in 8 records, one of them a case, is no near combination over
-all records, yet three GLMs' sums of y * x gave that case's discrepancy (red team 6).
+all records, yet three GLMs' sums of y * x gave that case's discrepancy (red team 6). A class too small for a fit
+of its own (12 cases), or crossed with a weight's level (`class_sums.weighted_classes`), is judged on one fit over
+just over half of all records, exact there to float noise, whose misses sit on 1..min_cell-1 records of the class
+(`trimmed_fit.off_in_a_class`, red team 7).
 
 A 0/1 covariate is not judged here but by the cross-table rules (`groups`): one-hot columns of a categorical
 are an exact combination but for the records of its rare levels, a small-level question.
@@ -53,10 +56,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..policy import ROLES
-from .copies import CLASS_SUMS, MAX_COLUMNS, NEAR_SHARE, RESOLUTION, _digest, _verdict, class_strata
+from .class_sums import CLASS_SUMS, class_strata, weighted_classes
+from .copies import MAX_COLUMNS, NEAR_SHARE, RESOLUTION, _digest, _verdict
 from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
-from .trimmed_fit import EXACT_SHARE, RECORDS_PER_COLUMN, near_combination
+from .trimmed_fit import EXACT_SHARE, RECORDS_PER_COLUMN, near_combination, off_in_a_class
 
 #: The most terms (columns, their squares and products) fitted at once; beyond, each pair of columns alone.
 MAX_TERMS = 48
@@ -168,10 +172,12 @@ def _cannot_be_near(b: np.ndarray, columns: list[np.ndarray], k: int) -> bool:
 
 
 def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes,
-           classes: tuple[np.ndarray, ...] = ()) -> list[str] | None:
-    """The arrays of a combination that `b` is near over all records or within one of `classes` (see the
-    module docstring), or None. Within a class, columns constant there are left out (a label within its own
-    classes, say), so that they take no share of the terms the class's records can fit."""
+           classes: tuple[np.ndarray, ...] = (), crossed: tuple[np.ndarray, ...] = ()) -> list[str] | None:
+    """The arrays of a combination that `b` is near over all records or within one of `classes` (record
+    masks) or `crossed` (a weight's classes, see `class_sums`), or None (see the module docstring). Within a
+    class, columns constant there are left out (a label within its own classes, say), so that they take no
+    share of the terms the class's records can fit; a class too small to fit, or one crossed with a weight, is
+    judged on a fit over just over half of all records (`trimmed_fit.off_in_a_class`)."""
     found = _judge_over(b, columns, owners, min_cell, seed)
     for mask in classes:
         if found is not None:
@@ -180,20 +186,23 @@ def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell
         if varied:
             found = _judge_over(b[mask], [columns[i][mask] for i in varied], [owners[i] for i in varied],
                                 min_cell, seed)
+    if found is None and classes + crossed:
+        found = _judge_over(b, columns, owners, min_cell, seed, classes + crossed)
     return found
 
 
-def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes
-                ) -> list[str] | None:
+def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes,
+                within: tuple[np.ndarray, ...] = ()) -> list[str] | None:
     k = max(1, min_cell - 1)
     n = b.size
-    if _cannot_be_near(b, columns, k):
+    if not within and _cannot_be_near(b, columns, k):
         return None
     scale = float(np.abs(b - np.median(b)).mean()) or 1.0
     m = len(columns)
 
-    def fits(terms: int) -> bool:
-        return n - k >= RECORDS_PER_COLUMN * (terms + 1) and terms <= MAX_TERMS
+    def fits(terms: int) -> bool:  # (a fit judged within classes leaves out just under half the records)
+        left_out = (n - terms - 1) // 2 if within else k
+        return n - left_out >= RECORDS_PER_COLUMN * (terms + 1) and terms <= MAX_TERMS
 
     full = _terms(columns, owners, range(m)) if fits(m) else None
     if full is not None and fits(len(full[0])):
@@ -202,7 +211,8 @@ def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min
         groups = [([columns[i] for i in range(m)], [(o,) for o in owners])] if fits(m) else []
         groups += [_terms(columns, owners, used) for used in ([(0,)] if m == 1 else combinations(range(m), 2))]
     for cols, names in groups:
-        coef = near_combination(b, np.column_stack(cols), min_cell, seed)
+        coef = off_in_a_class(b, np.column_stack(cols), min_cell, seed, within) if within \
+            else near_combination(b, np.column_stack(cols), min_cell, seed)
         if coef is not None:
             return sorted({o for c, name in zip(coef[1:], names) if abs(c) > 1e-6 * scale for o in name})
     return None
@@ -237,6 +247,8 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
         others = [o for o in sorted(pool) if o != name and _usable(np.asarray(site.arrays[o]), n)]
         mine = _flat(a)
         strata, classes = class_strata(site, role_arrays, analyses, role, name, n)
+        weights, crossed = weighted_classes(site, role_arrays, analyses, name, n, strata)
+        strata = strata + [w for w in weights if w not in strata]
         for j in range(mine.shape[1]):
             columns, owners = [], []
             for o in others:
@@ -254,8 +266,8 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
                 # identity III = 1 - II exactly there, a small level those rules judge as an implied level.
                 continue
             key = ("combination", _digest(b), tuple(_digest(c) for c in columns), tuple(owners), min_cell,
-                   tuple(_digest(np.asarray(site.arrays[y])) for y in strata))
-            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1], classes))
+                   tuple(_digest(np.asarray(site.arrays[y])) for y in strata), len(classes), len(crossed))
+            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1], classes, crossed))
             if found:
                 what = name if mine.shape[1] == 1 and a.ndim == 1 else f"{name}[{j}]"
                 problems.append(f"{role} {what} is a combination of {', '.join(found)} but for fewer than "
