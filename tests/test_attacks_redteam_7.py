@@ -40,8 +40,12 @@ Attacks that held (asserted below or played once):
 * a combination that holds with other coefficients in each class (total = a + b for cases, a + 2 b for controls),
   off in one case: refused by the class's own fit (red team 6's fix) where the class holds enough records.
 
-Not played to the end, noticed: a label copy differing in one record of a calibration bin (the bins are classes
-of the score, and the curves of y and y2 over one score difference per bin); the rank statistics (secure AUC,
+Open (strict xfail naming the fix): 6. two label definitions differing in 8 records, one of them in the
+calibration bin [0, 0.1): the curves of y and y2 over one score gave that bin's signed count of differing
+records, 1.0 (the bins are classes of the score, and `label_cells` judges each label per bin, not the records
+where two differ).
+
+Not played to the end, noticed: the rank statistics (secure AUC,
 placements) of score copies whose reordered records are spread over classes; Fisher rounds at a beta of the
 analyst's choosing (the Newton red team's concern).
 
@@ -255,6 +259,47 @@ def test_the_brier_bootstrap_and_a_calibration_curve_do_not_give_a_cases_score_d
         texts.add(spy.refusal())
     (text,) = texts
     assert "site 'h1' does not take part" in text and "score p2 differs from p" in text
+
+
+# -- 6. (open) two label definitions differing in one record of a calibration bin ------------------------------------
+
+
+def _label_pair_in_bins(first_bin: int) -> dict:
+    """Labels y and y2 differing at h1 in 7 records of scores >= 0.5 and `first_bin` of scores < 0.1."""
+    rng = np.random.default_rng(11)
+    data = {}
+    for k in range(3):
+        n = 300
+        y = (rng.random(n) < 0.5).astype(np.int64)
+        data[f"h{k}"] = {"y": y, "y2": y.copy(), "p": np.round(rng.uniform(0.01, 0.99, n), 3)}
+    h1 = data["h1"]
+    off = np.r_[np.flatnonzero(h1["p"] >= 0.5)[:7], np.flatnonzero(h1["p"] < 0.1)[:first_bin]]
+    h1["y2"][off] = 1 - h1["y2"][off]
+    return data
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "VULN (red team 7): the calibration curves of two labels over one score difference per bin into the count of "
+    "the records whose labels differ there (signed): y2 off y in 8 records, one of them in bin [0, 0.1), gave "
+    "1.0 there. `label_cells` judges each label's classes per bin, not their differences. Fix: in "
+    "`label_cells.label_marks`, add for each pair of the named two-valued arrays the indicator of the records "
+    "where they differ as one more mark (left out when it holds 1..min_cell-1 records at the site, where "
+    "`copies` refuses the pair as near copies), so every released bin and the withheld remainder hold 0 or at "
+    "least min_cell_count records where two labels differ; over the named arrays, so every run's mask stays "
+    "the same whichever label it analyses."))
+def test_two_label_definitions_differing_in_one_record_of_a_bin_do_not_give_that_bins_difference():
+    spy = analyst_spy.Spy(sr.Study.local(_label_pair_in_bins(1), policy=Policy(roles={"label": ["y", "y2"],
+                                                                                     "score": ["p"]})))
+    a, b = spy.attempt(sr.calibration_curve, "y", "p"), spy.attempt(sr.calibration_curve, "y2", "p")
+    if a is not None and b is not None:
+        differ = np.nan_to_num(b.observed * b.count - a.observed * a.count)
+        assert not np.any(np.isclose(np.abs(differ), np.arange(1, Q)[:, None]).any(axis=0))
+
+
+def test_two_label_definitions_differing_in_large_groups_of_every_bin_still_run():
+    spy = analyst_spy.Spy(sr.Study.local(_label_pair_in_bins(6), policy=Policy(roles={"label": ["y", "y2"],
+                                                                                     "score": ["p"]})))
+    assert spy.attempt(sr.calibration_curve, "y2", "p") is not None, spy.error
 
 
 # -- attacks that held ----------------------------------------------------------------------------------------------

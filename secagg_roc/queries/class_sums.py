@@ -13,6 +13,9 @@ that one record's value. The classes a site judges a value array's residual with
   class or level and alone (an indicator but for tiny distinct weights on a dozen records is no categorical
   array, yet weighs the records off a copy as the indicator does).
 
+Two arrays compared as near copies are not judged within the classes of either (`copies`): there one is
+constant, and the residual is their cross-table, which the small-group rules judge.
+
 The Brier bootstrap's unweighted replicate is the Brier score's numerator (red team 7: under a policy of
 ``bootstrap`` and ``calibration`` only, labels y and 1 - y gave sum y * (p' - p) for a near copy p'), so
 ``bootstrap`` is among `CLASS_SUMS`.
@@ -61,46 +64,42 @@ def _weight(w: np.ndarray, n: int) -> np.ndarray | None:
     return w if bool(np.all(np.isfinite(w))) and np.ptp(w) > 0 else None
 
 
+#: A class as record weights (a 0/1 mask, or a weight times one), and the arrays it comes from.
+Tagged = tuple[frozenset[str], np.ndarray]
+
+
 def class_strata(site: SiteData, role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str],
-                 role: str, name: str, n: int) -> tuple[list[str], tuple[np.ndarray, ...]]:
-    """Run by a Site: the arrays (a label, a categorical covariate or weight) over whose classes an analysis the
-    policy allows (`CLASS_SUMS`) sums the values of array `name` of `role` over `n` records, and the record
-    masks of those classes. A label's are those of the covariates and weights only (a GLM sums y * a; labels are
-    not summed within one another): a label differing from another in 8 records, one at a = 1, gave that
-    record's covariate from GLMs weighted by a (red team 7)."""
+                 role: str, name: str, n: int) -> tuple[list[str], list[Tagged], list[Tagged]]:
+    """Run by a Site: the arrays over whose classes an analysis the policy allows (`CLASS_SUMS`) sums the values
+    of array `name` of `role` over `n` records (labels, categorical covariates and weights), the record masks
+    of each one's classes, and, where a weighted analysis is allowed (`WEIGHTED_SUMS`), the classes crossed with
+    a weight's (see the module docstring), each with the arrays it comes from. A label's are those of the
+    covariates and weights only (a GLM sums y * a; labels are not summed within one another): a label
+    differing from another in 8 records, one at a = 1, gave that record's covariate from GLMs weighted by a
+    (red team 7)."""
     if not set(CLASS_SUMS) & set(analyses):
-        return [], ()
+        return [], [], []
     cells = [role_arrays(r) for r in (("covariate", "weight") if role == "label" else ("label", "covariate", "weight"))]
     cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
-    strata = [y for y in cells if y != name and levels(np.asarray(site.arrays[y]), n)]
-    return strata, tuple(m for y in strata for m in levels(np.asarray(site.arrays[y]), n))
-
-
-def weighted_classes(site: SiteData, role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str],
-                     name: str, n: int, strata: list[str]) -> tuple[list[str], tuple[np.ndarray, ...]]:
-    """Run by a Site: beside `class_strata`'s, the classes a weighted analysis the policy allows
-    (`WEIGHTED_SUMS`) sums the values of array `name` over (see the module docstring), as record weights (a
-    level's cross with another array's class as its mask), and the weight arrays they come from."""
-    if not set(WEIGHTED_SUMS) & set(analyses):
-        return [], ()
+    masks = {y: levels(np.asarray(site.arrays[y]), n) for y in cells if y != name}
+    masks = {y: m for y, m in masks.items() if m}
+    plain = [(frozenset((y,)), m) for y, ms in masks.items() for m in ms]
+    used, crossed = list(masks), []
     named = role_arrays("weight")
     weights = sorted(site.arrays) if named is None else sorted(set(named) & set(site.arrays))
-    used, out = [], []
-    for w in weights:
+    for w in weights if set(WEIGHTED_SUMS) & set(analyses) else ():
         if w == name:
             continue
-        raw = np.asarray(site.arrays[w])
-        own = levels(raw, n)
-        others = [m for y in strata if y != w for m in levels(np.asarray(site.arrays[y]), n)]
-        if own:
-            crossed = [a & b for a in own for b in others]
+        others = [(frozenset((w, y)), m) for y, ms in masks.items() if y != w for m in ms]
+        if w in masks:
+            mine = [(tags, a & m) for a in masks[w] for tags, m in others]
         else:
-            vector = _weight(raw, n)
-            crossed = [] if vector is None else [vector] + [vector * m for m in others]
-        if crossed:
+            vector = _weight(np.asarray(site.arrays[w]), n)
+            mine = [] if vector is None else [(frozenset((w,)), vector)] + [(t, vector * m) for t, m in others]
+        if mine and w not in used:
             used.append(w)
-            out += crossed
-    return used, tuple(out)
+        crossed += mine
+    return used, plain, crossed
 
 
 def off_in_few(residual: np.ndarray, k: int, within: np.ndarray, exact: bool = True) -> bool:

@@ -38,7 +38,7 @@ Where the policy allows an analysis that sums values over a class of a label or 
 array (`class_sums.CLASS_SUMS`: a GLM's sums of y * x), the fit is tried within each such class too (the columns
 constant there left out): a total dose off a + b in 8 records, one of them a case, is no near combination over
 all records, yet three GLMs' sums of y * x gave that case's discrepancy (red team 6). A class too small for a fit
-of its own (12 cases), or crossed with a weight's level (`class_sums.weighted_classes`), is judged on one fit over
+of its own (12 cases), or crossed with a weight's level (`class_sums.class_strata`), is judged on one fit over
 just over half of all records, exact there to float noise, whose misses sit on 1..min_cell-1 records of the class
 (`trimmed_fit.off_in_a_class`, red team 7).
 
@@ -56,7 +56,7 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..policy import ROLES
-from .class_sums import CLASS_SUMS, class_strata, weighted_classes
+from .class_sums import CLASS_SUMS, class_strata
 from .copies import MAX_COLUMNS, NEAR_SHARE, RESOLUTION, _digest, _verdict
 from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
@@ -172,22 +172,30 @@ def _cannot_be_near(b: np.ndarray, columns: list[np.ndarray], k: int) -> bool:
 
 
 def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes,
-           classes: tuple[np.ndarray, ...] = (), crossed: tuple[np.ndarray, ...] = ()) -> list[str] | None:
+           classes: tuple[np.ndarray, ...] = (), crossed: tuple[np.ndarray, ...] = (), labels: bool = False
+           ) -> list[str] | None:
     """The arrays of a combination that `b` is near over all records or within one of `classes` (record
     masks) or `crossed` (a weight's classes, see `class_sums`), or None (see the module docstring). Within a
     class, columns constant there are left out (a label within its own classes, say), so that they take no
-    share of the terms the class's records can fit; a class too small to fit, or one crossed with a weight, is
-    judged on a fit over just over half of all records (`trimmed_fit.off_in_a_class`)."""
+    share of the terms the class's records can fit; a class too small to fit all of them at once, one crossed
+    with a weight, and every class of a label's (`labels`: a label's combinations are of 0/1 columns mostly,
+    whose cells a class's own fit would interpolate) are judged on one fit over just over half of all records
+    (`trimmed_fit.off_in_a_class`)."""
+    k = max(1, min_cell - 1)
     found = _judge_over(b, columns, owners, min_cell, seed)
+    small = []  # the classes too small to fit all their varying columns at once
     for mask in classes:
         if found is not None:
             break
         varied = [i for i, c in enumerate(columns) if np.ptp(c[mask]) > 0]
-        if varied:
+        if int(np.count_nonzero(mask)) - k < RECORDS_PER_COLUMN * (len(varied) + 1):
+            small.append(mask)
+        elif varied and not labels:
             found = _judge_over(b[mask], [columns[i][mask] for i in varied], [owners[i] for i in varied],
                                 min_cell, seed)
-    if found is None and classes + crossed:
-        found = _judge_over(b, columns, owners, min_cell, seed, classes + crossed)
+    within = (tuple(classes) if labels else tuple(small)) + crossed
+    if found is None and within:
+        found = _judge_over(b, columns, owners, min_cell, seed, within)
     return found
 
 
@@ -246,9 +254,8 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
         pool = set(site.arrays) if every is None else every & set(site.arrays)
         others = [o for o in sorted(pool) if o != name and _usable(np.asarray(site.arrays[o]), n)]
         mine = _flat(a)
-        strata, classes = class_strata(site, role_arrays, analyses, role, name, n)
-        weights, crossed = weighted_classes(site, role_arrays, analyses, name, n, strata)
-        strata = strata + [w for w in weights if w not in strata]
+        strata, plain, tagged = class_strata(site, role_arrays, analyses, role, name, n)
+        classes, crossed = tuple(m for _, m in plain), tuple(m for _, m in tagged)
         for j in range(mine.shape[1]):
             columns, owners = [], []
             for o in others:
@@ -267,7 +274,8 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
                 continue
             key = ("combination", _digest(b), tuple(_digest(c) for c in columns), tuple(owners), min_cell,
                    tuple(_digest(np.asarray(site.arrays[y])) for y in strata), len(classes), len(crossed))
-            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1], classes, crossed))
+            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1], classes, crossed,
+                                                    role == "label"))
             if found:
                 what = name if mine.shape[1] == 1 and a.ndim == 1 else f"{name}[{j}]"
                 problems.append(f"{role} {what} is a combination of {', '.join(found)} but for fewer than "

@@ -56,7 +56,7 @@ import numpy as np
 
 from ..policy import ROLES
 from .groups import CATEGORICAL_LEVELS
-from .class_sums import CLASS_SUMS, class_strata, off_in_few, weighted_classes
+from .class_sums import CLASS_SUMS, class_strata, off_in_few
 from .registry import SiteData
 
 #: A map explains an array when its residual is at most this share of the array's own spread.
@@ -228,10 +228,8 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         scores = role_arrays("score")
         # Values (not labels) are summed against every label and categorical array: their residual is judged
         # within each class and level too (a GLM over [x, A] gives sum x over A = 1 from its information).
-        strata, classes = class_strata(site, role_arrays, analyses, role, name, a.shape[0])
-        # (and within a weight's classes crossed with the others: a weighted GLM sums w * y * x)
-        weights, crossed = weighted_classes(site, role_arrays, analyses, name, a.shape[0], strata)
-        strata, classes = strata + [w for w in weights if w not in strata], classes + crossed
+        # (And within a weight's classes crossed with the others: a weighted GLM sums w * y * x.)
+        strata, plain, crossed = class_strata(site, role_arrays, analyses, role, name, a.shape[0])
         if every is None:
             others = set(site.arrays)
         else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
@@ -242,6 +240,9 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
             ranked = role == "score" and (scores is None or other in set(scores))
+            # Not within the other array's own classes: there it is constant, and the residual its cross-table
+            # with this one (a label against a 0/1 covariate), which the small-group rules judge.
+            classes = tuple(m for tags, m in plain + crossed if other not in tags)
             key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked,
                    tuple(digest(y) for y in strata), len(classes))
             found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked, classes))

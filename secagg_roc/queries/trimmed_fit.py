@@ -167,12 +167,13 @@ def off_in_a_class(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: bytes,
     M = np.hstack([np.ones((n, 1)), basis[:, live] / scale[live]])
     coef = _trimmed_fit(M, b, h, seed)
     kept = np.argsort(np.abs(b - M @ coef), kind="stable")[: n - h]
-    # Over-determined on the records kept, or the fit only interpolated cells (a label against 0/1 columns is
-    # its majority in each cell of theirs: a cross-table, which the small-group rules judge).
-    rows = np.unique(M[kept] @ np.random.default_rng(0).uniform(1.0, 2.0, M.shape[1])).size
-    if rows < RECORDS_PER_COLUMN * M.shape[1]:
-        return None
     coef = np.linalg.lstsq(M[kept], b[kept], rcond=None)[0]
+    # Over-determined by the terms it uses on the records kept, or it only interpolated cells (a label against
+    # 0/1 columns is its majority in each cell of theirs: a cross-table, which the small-group rules judge).
+    used = np.abs(coef[1:]) > 1e-9 * max(1.0, float(np.abs(coef).max()))
+    rows = np.unique(M[kept][:, 1:][:, used] @ np.random.default_rng(0).uniform(1.0, 2.0, int(used.sum()))).size
+    if rows < RECORDS_PER_COLUMN * (int(used.sum()) + 1):
+        return None
     fit = M @ coef
     miss = np.abs(b - fit)
     top = max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300)
