@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from .groups import coarse_weights
 from .implied_levels import categorical
 from .registry import SiteData
 
@@ -49,9 +50,12 @@ CLASS_SHARE = 0.02
 
 def levels(y: np.ndarray, n: int) -> list[np.ndarray]:
     """The record masks of each class of `y` if it is a 0/1 vector over `n` records or a categorical one (its
-    levels), where a GLM's sums of x times it give a residual's sum over each; [] otherwise."""
-    if y.ndim != 1 or y.shape[0] != n or y.dtype.kind not in "iufb":
+    levels) at the weights' coarse resolution (`groups.coarse_weights`: an indicator but for tiny distinct
+    values on a dozen records weighs a sum as the indicator does, red team 7), where a GLM's sums of x times it
+    give a residual's sum over each; [] otherwise."""
+    if y.ndim != 1 or y.shape[0] != n or y.dtype.kind not in "iufb" or not bool(np.all(np.isfinite(y))):
         return []
+    y = coarse_weights(y.astype(np.float64))
     values = np.unique(y)
     return [y == v for v in values] if 1 < values.size and categorical(y, values) else []
 
