@@ -23,7 +23,11 @@ Holes found, each one record's value (or a cell of one) before the fix:
 5. the Brier bootstrap (``bootstrap_ci(statistic="brier")``) under a policy of ``bootstrap`` and ``calibration``
    only (no glm, no brier: `copies.CLASS_SUMS` held those two): its estimate over labels y and 1 - y gave
    -4 sum y p + 2 sum p, the calibration curve sum p, so a score copy off in 7 controls and a case gave that
-   case's score difference (0.0110000001 of 0.011).
+   case's score difference (0.0110000001 of 0.011);
+6. two label definitions differing in 8 records, one of them in the calibration bin [0, 0.1): the curves of y
+   and y2 over one score gave that bin's signed count of differing records, 1.0 (the bins are classes of the
+   score, and `label_cells` judged each label per bin, not the records where two differ). Fixed:
+   `label_cells.label_marks` judges the bins by the records where two named two-valued arrays differ too.
 
 Fixed in `queries.class_sums` (the classes over which allowed analyses sum values, moved out of `copies`):
 ``bootstrap`` is among `CLASS_SUMS`; a weighted analysis's classes are the weight's levels crossed with every
@@ -45,11 +49,6 @@ Attacks that held (asserted below or played once):
   class's own fit (all columns alone) refused it; at 60 records too;
 * a combination that holds with other coefficients in each class (total = a + b for cases, a + 2 b for controls),
   off in one case: refused by the class's own fit (red team 6's fix) where the class holds enough records.
-
-Open (strict xfail naming the fix): 6. two label definitions differing in 8 records, one of them in the
-calibration bin [0, 0.1): the curves of y and y2 over one score gave that bin's signed count of differing
-records, 1.0 (the bins are classes of the score, and `label_cells` judges each label per bin, not the records
-where two differ).
 
 Not played to the end, noticed: the rank statistics (secure AUC,
 placements) of score copies whose reordered records are spread over classes; Fisher rounds at a beta of the
@@ -300,7 +299,7 @@ def test_the_brier_bootstrap_and_a_calibration_curve_do_not_give_a_cases_score_d
     assert "site 'h1' does not take part" in text and "score p2 differs from p" in text
 
 
-# -- 6. (open) two label definitions differing in one record of a calibration bin ------------------------------------
+# -- 6. two label definitions differing in one record of a calibration bin ------------------------------------
 
 
 def _label_pair_in_bins(first_bin: int) -> dict:
@@ -317,16 +316,9 @@ def _label_pair_in_bins(first_bin: int) -> dict:
     return data
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "VULN (red team 7): the calibration curves of two labels over one score difference per bin into the count of "
-    "the records whose labels differ there (signed): y2 off y in 8 records, one of them in bin [0, 0.1), gave "
-    "1.0 there. `label_cells` judges each label's classes per bin, not their differences. Fix: in "
-    "`label_cells.label_marks`, add for each pair of the named two-valued arrays the indicator of the records "
-    "where they differ as one more mark (left out when it holds 1..min_cell-1 records at the site, where "
-    "`copies` refuses the pair as near copies), so every released bin and the withheld remainder hold 0 or at "
-    "least min_cell_count records where two labels differ; over the named arrays, so every run's mask stays "
-    "the same whichever label it analyses."))
 def test_two_label_definitions_differing_in_one_record_of_a_bin_do_not_give_that_bins_difference():
+    # Before the fix: the curves of y and y2 differed by 1.0 in bin [0, 0.1), the one record there whose labels
+    # differ (and its direction).
     spy = analyst_spy.Spy(sr.Study.local(_label_pair_in_bins(1), policy=Policy(roles={"label": ["y", "y2"],
                                                                                      "score": ["p"]})))
     a, b = spy.attempt(sr.calibration_curve, "y", "p"), spy.attempt(sr.calibration_curve, "y2", "p")

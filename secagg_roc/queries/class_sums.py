@@ -4,9 +4,12 @@ a few records of one of them: run by each Site for `copies` and `combinations`.
 A GLM's first round sums y * x and a * x (a label's classes, a categorical covariate's levels), the Brier score
 y * p; a weighted GLM sums w * y * x and w * a * x, a weighted Brier score w * y * p. So two arrays (or an array
 and a combination of others) that differ in many records, all of them but one outside a class, difference into
-that one record's value. The classes a site judges a value array's residual within (`class_strata`):
+that one record's value. The classes a site judges an array's residual within (`class_strata`):
 
-* each class of a label and level of a categorical covariate or weight (red team 6);
+* each class of a label and level of a categorical covariate or weight, at the weights' coarse resolution (red
+  team 6; an almost-indicator, 0/1 but for tiny distinct values, is one: red team 7); a label's residual within
+  the covariates' and weights' only (a label copy off in 8 records, one at a = 1, gave that record's covariate
+  from GLMs weighted by a);
 * where an allowed analysis takes a weight (`WEIGHTED_SUMS`): each level of a categorical weight crossed with
   each class or level of the other arrays (an indicator weight beside a label: differences of 8 records, 4
   cases, 4 of the weight and one of both, gave that one's, red team 7), and a weight of many values times each
