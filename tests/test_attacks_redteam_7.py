@@ -11,8 +11,8 @@ Holes found, each one record's value (or a cell of one) before the fix:
    the combination). Every class alone held 5 or more records off, so neither rule saw it;
 2. the same with a weight that is an indicator but for tiny distinct weights (1e-6 .. 1.2e-5) on 12 records on
    the identity: 13 values, no categorical array, so no classes at all (1.5999999993). The same with such a
-   covariate (no weight): GLMs over [a, A] and [a2, A] give sum A * a in their
-   information (1.5999999995 of 1.6; main refused the plain indicator, not this one);
+   covariate (no weight): GLMs over [a, A] and [a2, A] give sum A * a in their information (1.5999999995 of
+   1.6; main refused the plain indicator, not this one);
 3. a class of 12 cases holding one record off a near copy: `copies._off_in_few` judged no class of 3 (min_cell
    - 1) records or fewer ("a handful fits some map by chance", but the map is fitted over every record):
    1.6000000003; a class of 12 to 15 cases holding one record off a + b: too few records to fit the class's
@@ -50,15 +50,19 @@ Attacks that held (asserted below or played once):
 * a combination that holds with other coefficients in each class (total = a + b for cases, a + 2 b for controls),
   off in one case: refused by the class's own fit (red team 6's fix) where the class holds enough records.
 
-Not played to the end, noticed: the rank statistics (secure AUC,
-placements) of score copies whose reordered records are spread over classes; Fisher rounds at a beta of the
-analyst's choosing (the Newton red team's concern).
+Not played to the end, noticed: the rank statistics (secure AUC, placements) of score copies whose reordered
+records are spread over classes; Fisher rounds at a beta of the analyst's choosing (the Newton red team's
+concern); two labels differing in a few records of a level of a categorical covariate that is itself judged
+only as a weight's cross (three-way cells of two labels and a covariate are judged here as label copies).
 
 Costs of the fixes: a site checks each array within more classes (a weight's levels times every other array's);
 the combination rule adds one trimmed fit over half the records per column group where a weight, a label's
 class or a small class applies (the verdicts are cached by digest, as before): the first join's checks of a
 5,000-record site with a 0/1 weight, 2 labels and 8 covariates took 7.5 s against main's 3.3 s, unweighted
-1.75 s against 1.41 s, GBSG2's weighted GLM 141 ms against 131 ms (one core, quiet). The demo and GLMs over GBSG2 with a frequency weight
+1.75 s against 1.41 s, GBSG2's weighted GLM 141 ms against 131 ms (one core, quiet). Two honest outcome
+definitions that differ in 1..min_cell-1 records of a level of a categorical covariate or weight now keep a site
+out of every analysis of either (their difference there is a small cell), and the binned analyses withhold
+the bins where two labels differ in 1..min_cell-1 records. The demo and GLMs over GBSG2 with a frequency weight
 still run (asserted below).
 """
 
