@@ -52,8 +52,8 @@ Attacks that held (asserted below or played once):
 
 Not played to the end, noticed: the rank statistics (secure AUC, placements) of score copies whose reordered
 records are spread over classes; Fisher rounds at a beta of the analyst's choosing (the Newton red team's
-concern); two labels differing in a few records of a level of a categorical covariate that is itself judged
-only as a weight's cross (three-way cells of two labels and a covariate are judged here as label copies).
+concern); the secure AUCs of two label definitions over one score (their difference sums each differing
+record's count of records of the other class below it: a mix, unless the labels differ in one record).
 
 Costs of the fixes: a site checks each array within more classes (a weight's levels times every other array's);
 the combination rule adds one trimmed fit over half the records per column group where a weight, a label's
