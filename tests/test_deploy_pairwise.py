@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 
 import numpy as np
 import pytest
@@ -17,11 +18,11 @@ from secagg_roc.deploy.config_write import loopback_study
 from secagg_roc.analyst import combine
 from secagg_roc.deploy.http_protocol import RequestTooLarge, unpack_frames
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.pairwise_relay import POLL_TYPE, pack, unpack
+from secagg_roc.deploy.pairwise_relay import POLL_TYPE, WAITING_FOR, pack, unpack
 from secagg_roc.deploy.site_answers import SiteAnswers, _Answer
 from secagg_roc.deploy.site_data import load_site_data
 from secagg_roc.deploy.tls import AuthError
-from secagg_roc.errors import ConfigError, MessageError, RoundError
+from secagg_roc.errors import ConfigError, MessageError, RoundError, SecAggError
 from secagg_roc.pairwise import PairwiseClient, PairwiseServer, UnmaskRequest
 from secagg_roc.pairwise.messages import AdvertiseKeys, UnmaskResponse
 from secagg_roc.pairwise.rounds import plan_round
@@ -161,6 +162,21 @@ def test_sites_down_or_refusing_before_the_keys_leave_the_exact_total_of_the_oth
     with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
         (body,) = db.execute("SELECT body FROM log WHERE kind = 'release' AND number = 0").fetchone()
     assert combine(unpack_frames(bytes(body)), cl.config.make_scheme())["sites"].tolist() == [2]
+
+
+def test_a_site_that_gives_up_on_a_key_phase_names_the_site_it_waited_for(tmp_path) -> None:
+    """No dropouts allowed and site-c never starts: the others' key phase waits for it until the round's
+    timeout, and each of them gives up naming site-c (not "is one of them down?")."""
+    data = make_data(8, {"site-a": 12, "site-b": 15, "site-c": 20})
+    cl = LocalCluster(tmp_path, data, n_aggregators=1, scheme="pairwise", round_timeout_s=10.0,
+                      policy={"min_cell_count": 1})
+    with cl.start(sites=["site-a", "site-b"]), cl.study() as study:
+        with pytest.raises(SecAggError):
+            sr.brier_score(study, "y", "score")
+        end = time.monotonic() + 30
+        while not all("it waits for site-c" in cl.log_text(s) for s in ("site-a", "site-b")):
+            assert time.monotonic() < end, cl.log_text("site-a")[-2000:]
+            time.sleep(0.1)
 
 
 def test_a_site_killed_in_the_key_agreement_resumes_it_with_the_keys_it_logged(tmp_path) -> None:
@@ -306,6 +322,12 @@ def test_a_close_refused_while_a_key_phase_waits_names_the_sites_it_waits_for(qu
     with pytest.raises(PolicyError, match=r"did not join.*key agreement still waits for \['site-d'\]"):
         call_as(quiet, "analyst", 0, lambda c: c.send(close))
     assert _poll(quiet, "site-a", number, "keys") == []  # the phase is still open, nothing moved on
+    # An empty poll reply names the sites the phase waits for (what a site that gives up tells its analyst).
+    path = f"/v1/pairwise?round={number}&phase=keys&wait=0"
+
+    async def headers(c):
+        return c._check(await c.request("GET", path), path).headers
+    assert call_as(quiet, "site-b", 0, headers).get(WAITING_FOR.lower()) == "site-d"
 
 
 def test_a_masked_input_from_outside_the_key_agreement_is_refused(quiet) -> None:

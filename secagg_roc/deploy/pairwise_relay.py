@@ -73,6 +73,8 @@ __all__ = ["PairwiseRelay", "PREFIX", "KINDS", "pack", "unpack", "PHASE_OF_INBOX
 
 #: The content type of a `pack`ed body.
 POLL_TYPE = "application/x-secagg-pairwise"
+#: The header of an empty poll reply that names the sites an open key phase still waits for (comma-separated).
+WAITING_FOR = "X-Waiting-For"
 
 PREFIX = "pairwise:"
 KEYS, SHARES, UNMASK, CLOSE = PREFIX + "keys", PREFIX + "shares", PREFIX + "unmask", PREFIX + "close"

@@ -31,7 +31,7 @@ from aiohttp import web
 from ..errors import MessageError, PrivacyError
 from ..messages import CloseRound
 from .http_protocol import RequestTooLarge, float_param, int_param
-from .pairwise_relay import CLOSE, KINDS, PHASE_OF_INBOX, POLL_TYPE, pack
+from .pairwise_relay import CLOSE, KINDS, PHASE_OF_INBOX, POLL_TYPE, WAITING_FOR, pack
 
 if TYPE_CHECKING:
     from .aggregator_service import AggregatorService
@@ -79,7 +79,11 @@ def add_routes(service: "AggregatorService", app: web.Application) -> None:
                 await service._apply(CLOSE, None, closing.encode(), number=number)
                 continue
             if now >= end or service._stopping:
-                return web.Response(body=b"", content_type=POLL_TYPE)
+                # Which sites the open key phase still waits for: a site that gives up names them (who takes
+                # part is no data; every site learns the others' keys anyway).
+                waiting = ",".join(sorted(relay.progress(number)[1]))
+                return web.Response(body=b"", content_type=POLL_TYPE,
+                                    headers={WAITING_FOR: waiting} if waiting else None)
             # Wake at the phase's deadline; past it (a phase that waits for sites the policy needs), only
             # a change (a site's message) can make it due.
             deadline = relay.deadline(number, closing)

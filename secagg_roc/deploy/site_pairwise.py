@@ -40,7 +40,7 @@ from .aggregator_state import ABANDON_FACTOR
 from .http import AggregatorClient, retry
 from .http_protocol import TransportError
 from .key_signing import KeySigner, KeyVerifier
-from .pairwise_relay import POLL_TYPE, pack, unpack
+from .pairwise_relay import POLL_TYPE, WAITING_FOR, pack, unpack
 
 if TYPE_CHECKING:
     from .site_answers import SiteAnswers, _Answer
@@ -244,16 +244,21 @@ class SitePairwise:
         loop = asyncio.get_running_loop()
         path = f"/v1/pairwise?round={number}&phase={phase}&wait=10"
         delay = 0.05
+        waiting: list[str] = []
         while not stop():
             if loop.time() > give_up:
                 raise RoundError(f"round {number}: the server's {phase} did not come in time (a key phase waits "
-                                 "for every site the policy needs: is one of them down?)")
+                                 "for every site the policy needs: " + (f"it waits for {', '.join(waiting)}"
+                                                                        if waiting else "is one of them down?") + ")")
             try:
                 resp = client._check(await client.request("GET", path, timeout=40.0), path)  # noqa: SLF001
             except TransportError:
                 await asyncio.sleep(delay)
                 delay = min(2.0, delay * 2)
                 continue
+            # Only names of this study's sites are repeated (the header is the server's word, not checked data).
+            named = resp.headers.get(WAITING_FOR.lower(), "")[:4096].split(",")
+            waiting = sorted({n for n in named if n in self.index})
             got = unpack(resp.body, 1 << 20)
             if got:
                 if not all(isinstance(m, cls) for m in got) or (one and len(got) != 1):

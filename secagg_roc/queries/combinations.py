@@ -30,9 +30,11 @@ combination: its differences give nothing.
 A fit needs at least `RECORDS_PER_COLUMN` records per term beside the ``min_cell - 1`` it may leave out (where the
 terms it uses have fewer distinct rows than that, categorical columns, a record counts as off only inside a cell of
 records on the identity: `_without_lone_cells`), and takes at most `MAX_TERMS` terms; beyond, the site fits all the
-columns without products (if the records allow that many), and each pair of columns with their squares and product.
-Not seen, then: a combination of three or more arrays with products among them, and at a site with fewer than 4 (m
-+ 1) + min_cell - 1 records for the m other columns, a linear combination of three or more.
+columns without products (if the records allow that many), and the pairs of columns with their squares and product,
+as many pairs to a fit as its terms allow (a combination of one pair's terms is one of any terms that hold them: 9
+covariates over 5,000 records take 2 such fits, not 36). Not seen, then: a combination of three or more arrays with
+products among them that no packed fit holds, and at a site with fewer than 4 (m + 1) + min_cell - 1 records for the
+m other columns, a linear combination of three or more.
 
 Where the policy allows an analysis that sums values over a class of a label or a level of a categorical
 array (`class_sums.CLASS_SUMS`: a GLM's sums of y * x), the fit is tried within each such class too (the columns
@@ -62,7 +64,7 @@ from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
 from .trimmed_fit import EXACT_SHARE, RECORDS_PER_COLUMN, near_combination, off_in_a_class
 
-#: The most terms (columns, their squares and products) fitted at once; beyond, each pair of columns alone.
+#: The most terms (columns, their squares and products) fitted at once; beyond, the pairs of columns packed.
 MAX_TERMS = 48
 
 
@@ -82,26 +84,51 @@ def _kind(column: np.ndarray) -> str:
     return "categorical" if np.unique(column).size <= CATEGORICAL_LEVELS else "continuous"
 
 
-def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int]
-           ) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
+def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int],
+           products: Iterable[tuple[int, int]] | None = None) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
     """The columns `used`, their pairwise products (sums of them are a GLM's information: an interaction
-    column; of two labels, one outcome AND another) and their squares. No square or product of a categorical
-    column of several levels with another such or with itself: a polynomial in its codes interpolates any value
-    per level, so "a combination but for the records of one small level" would be any small level (a cell,
-    which the cross-table and binned analyses' rules judge), not a record off an identity."""
+    column; of two labels, one outcome AND another) and their squares (only those of `products`, pairs i <= j,
+    if given). No square or product of a categorical column of several levels with another such or with
+    itself: a polynomial in its codes interpolates any value per level, so "a combination but for the records
+    of one small level" would be any small level (a cell, which the cross-table and binned analyses' rules
+    judge), not a record off an identity."""
     used = list(used)
     kinds = {i: _kind(columns[i]) for i in used}
     cols = [columns[i] for i in used]
     names = [(owners[i],) for i in used]
-    for x, i in enumerate(used):
-        for j in used[x:]:
-            if i == j and kinds[i] != "continuous":
-                continue  # (a 0/1 column is its own square)
-            if "continuous" not in (kinds[i], kinds[j]) and "categorical" in (kinds[i], kinds[j]):
-                continue
+    pairs = [(i, j) for x, i in enumerate(used) for j in used[x:]] if products is None else products
+    for i, j in pairs:
+        if _product_kept(kinds[i], kinds[j], i == j):
             cols.append(columns[i] * columns[j])
             names.append((owners[i], owners[j]))
     return cols, names
+
+
+def _product_kept(kind_i: str, kind_j: str, square: bool) -> bool:
+    if square:
+        return kind_i == "continuous"  # (a 0/1 column is its own square)
+    return "continuous" in (kind_i, kind_j) or "categorical" not in (kind_i, kind_j)
+
+
+def _packed(columns: list[np.ndarray], owners: list[str], capacity: int
+            ) -> list[tuple[list[np.ndarray], list[tuple[str, ...]]]]:
+    """Each pair of columns with its squares and product, packed into fits of at most `capacity` terms: a
+    combination of one pair's terms is one of any set of terms holding them, so a fit of their union stands
+    for a fit per pair (9 covariates: 2 fits instead of 36 at 5,000 records)."""
+    kinds = [_kind(c) for c in columns]
+    groups: list[tuple[set[int], list[tuple[int, int]]]] = []
+    used: set[int] = set()
+    products: list[tuple[int, int]] = []
+    for i, j in combinations(range(len(columns)), 2):
+        extra = [(a, c) for a, c in ((i, i), (i, j), (j, j)) if _product_kept(kinds[a], kinds[c], a == c)]
+        grown = used | {i, j}
+        if products and len(grown) + len(products) + len(extra) > capacity:
+            groups.append((used, products))
+            grown, products = {i, j}, []
+        used, products = grown, products + extra
+    if used:
+        groups.append((used, products))
+    return [_terms(columns, owners, sorted(u), p) for u, p in groups]
 
 
 def _longest_with_two_changes(labels: np.ndarray) -> int:
@@ -208,16 +235,14 @@ def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min
     scale = float(np.abs(b - np.median(b)).mean()) or 1.0
     m = len(columns)
 
-    def fits(terms: int) -> bool:  # (a fit judged within classes leaves out just under half the records)
-        left_out = (n - terms - 1) // 2 if within else k
-        return n - left_out >= RECORDS_PER_COLUMN * (terms + 1) and terms <= MAX_TERMS
-
-    full = _terms(columns, owners, range(m)) if fits(m) else None
-    if full is not None and fits(len(full[0])):
+    # The most terms the records can fit (a fit judged within classes leaves out just under half of them).
+    capacity = min(MAX_TERMS, (n - (n // 2 if within else k)) // RECORDS_PER_COLUMN - 1)
+    full = _terms(columns, owners, range(m)) if m <= capacity else None
+    if full is not None and len(full[0]) <= capacity:
         groups = [full]
-    else:  # too many terms for the records: every column alone, then each pair with its products
-        groups = [([columns[i] for i in range(m)], [(o,) for o in owners])] if fits(m) else []
-        groups += [_terms(columns, owners, used) for used in ([(0,)] if m == 1 else combinations(range(m), 2))]
+    else:  # too many terms for the records: every column alone, then the pairs with their products
+        groups = [([columns[i] for i in range(m)], [(o,) for o in owners])] if m <= capacity else []
+        groups += _packed(columns, owners, capacity)
     for cols, names in groups:
         coef = off_in_a_class(b, np.column_stack(cols), min_cell, seed, within) if within \
             else near_combination(b, np.column_stack(cols), min_cell, seed)
