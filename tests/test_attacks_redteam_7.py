@@ -57,9 +57,11 @@ record's count of records of the other class below it: a mix, unless the labels 
 
 Costs of the fixes: a site checks each array within more classes (a weight's levels times every other array's);
 the combination rule adds one trimmed fit over half the records per column group where a weight, a label's
-class or a small class applies (the verdicts are cached by digest, as before): the first join's checks of a
-5,000-record site with a 0/1 weight, 2 labels and 8 covariates took 7.5 s against main's 3.3 s, unweighted
-1.75 s against 1.41 s, GBSG2's weighted GLM 141 ms against 131 ms (one core, quiet). Two honest outcome
+class or a small class applies (the verdicts are cached by digest, as before): `near_copies` and
+`near_combinations` of a first join (no verdict cached), one 5,000-record site with a 0/1 weight, 2 labels and 8
+covariates, a weighted GLM: 3.3 s against main's 2.6 s (with main's packed pairs, 4699d8a); unweighted 1.24-1.30 s
+against 1.17-1.18 s; GBSG2 at one site, a weighted GLM over 5 covariates: 131 ms against 112 ms (quiet machine,
+best of 3). Two honest outcome
 definitions that differ in 1..min_cell-1 records of a level of a categorical covariate or weight now keep a site
 out of every analysis of either (their difference there is a small cell), and the binned analyses withhold
 the bins where two labels differ in 1..min_cell-1 records. The demo and GLMs over GBSG2 with a frequency weight
