@@ -284,7 +284,10 @@ def test_a_label_that_is_the_and_of_two_labels_but_in_one_record_does_not_give_i
         assert part is None or whole is None
         texts.add(spy.refusal())
     (text,) = texts
-    assert "site 'h1' does not take part" in text and "label both is a combination of died, readm" in text
+    # (Since red team 7 a label is also judged within the weights' classes: within readm = 1, both is died but in
+    # that record, which the near-copy rule may name first.)
+    assert "site 'h1' does not take part" in text and ("label both is a combination of died, readm" in text
+                                                       or "label both differs from" in text)
 
 
 def test_a_covariate_that_is_another_plus_a_multiple_of_the_label_but_in_one_record_does_not_give_its_label():

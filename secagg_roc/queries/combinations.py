@@ -37,9 +37,12 @@ products among them that no packed fit holds, and at a site with fewer than 4 (m
 m other columns, a linear combination of three or more.
 
 Where the policy allows an analysis that sums values over a class of a label or a level of a categorical
-array (`copies.CLASS_SUMS`: a GLM's sums of y * x), the fit is tried within each such class too (the columns
+array (`class_sums.CLASS_SUMS`: a GLM's sums of y * x), the fit is tried within each such class too (the columns
 constant there left out): a total dose off a + b in 8 records, one of them a case, is no near combination over
-all records, yet three GLMs' sums of y * x gave that case's discrepancy (red team 6).
+all records, yet three GLMs' sums of y * x gave that case's discrepancy (red team 6). A class too small for a fit
+of its own (12 cases), or crossed with a weight's level (`class_sums.class_strata`), is judged on one fit over
+just over half of all records, exact there to float noise, whose misses sit on 1..min_cell-1 records of the class
+(`trimmed_fit.off_in_a_class`, red team 7).
 
 A 0/1 covariate is not judged here but by the cross-table rules (`groups`): one-hot columns of a categorical
 are an exact combination but for the records of its rare levels, a small-level question.
@@ -55,10 +58,11 @@ from typing import Callable, Iterable
 import numpy as np
 
 from ..policy import ROLES
-from .copies import CLASS_SUMS, MAX_COLUMNS, NEAR_SHARE, RESOLUTION, _digest, _verdict, class_strata
+from .class_sums import CLASS_SUMS, class_strata
+from .copies import MAX_COLUMNS, NEAR_SHARE, RESOLUTION, _digest, _verdict
 from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
-from .trimmed_fit import EXACT_SHARE, RECORDS_PER_COLUMN, near_combination
+from .trimmed_fit import EXACT_SHARE, RECORDS_PER_COLUMN, near_combination, off_in_a_class
 
 #: The most terms (columns, their squares and products) fitted at once; beyond, the pairs of columns packed.
 MAX_TERMS = 48
@@ -195,31 +199,44 @@ def _cannot_be_near(b: np.ndarray, columns: list[np.ndarray], k: int) -> bool:
 
 
 def _judge(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes,
-           classes: tuple[np.ndarray, ...] = ()) -> list[str] | None:
-    """The arrays of a combination that `b` is near over all records or within one of `classes` (see the
-    module docstring), or None. Within a class, columns constant there are left out (a label within its own
-    classes, say), so that they take no share of the terms the class's records can fit."""
+           classes: tuple[np.ndarray, ...] = (), crossed: tuple[np.ndarray, ...] = (), labels: bool = False
+           ) -> list[str] | None:
+    """The arrays of a combination that `b` is near over all records or within one of `classes` (record
+    masks) or `crossed` (a weight's classes, see `class_sums`), or None (see the module docstring). Within a
+    class, columns constant there are left out (a label within its own classes, say), so that they take no
+    share of the terms the class's records can fit; a class too small to fit all of them at once, one crossed
+    with a weight, and every class of a label's (`labels`: a label's combinations are of 0/1 columns mostly,
+    whose cells a class's own fit would interpolate) are judged on one fit over just over half of all records
+    (`trimmed_fit.off_in_a_class`)."""
+    k = max(1, min_cell - 1)
     found = _judge_over(b, columns, owners, min_cell, seed)
+    small = []  # the classes too small to fit all their varying columns at once
     for mask in classes:
         if found is not None:
             break
         varied = [i for i, c in enumerate(columns) if np.ptp(c[mask]) > 0]
-        if varied:
+        if int(np.count_nonzero(mask)) - k < RECORDS_PER_COLUMN * (len(varied) + 1):
+            small.append(mask)
+        elif varied and not labels:
             found = _judge_over(b[mask], [columns[i][mask] for i in varied], [owners[i] for i in varied],
                                 min_cell, seed)
+    within = (tuple(classes) if labels else tuple(small)) + crossed
+    if found is None and within:
+        found = _judge_over(b, columns, owners, min_cell, seed, within)
     return found
 
 
-def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes
-                ) -> list[str] | None:
+def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min_cell: int, seed: bytes,
+                within: tuple[np.ndarray, ...] = ()) -> list[str] | None:
     k = max(1, min_cell - 1)
     n = b.size
-    if _cannot_be_near(b, columns, k):
+    if not within and _cannot_be_near(b, columns, k):
         return None
     scale = float(np.abs(b - np.median(b)).mean()) or 1.0
     m = len(columns)
 
-    capacity = min(MAX_TERMS, (n - k) // RECORDS_PER_COLUMN - 1)  # the most terms the records can fit
+    # The most terms the records can fit (a fit judged within classes leaves out just under half of them).
+    capacity = min(MAX_TERMS, (n - (n // 2 if within else k)) // RECORDS_PER_COLUMN - 1)
     full = _terms(columns, owners, range(m)) if m <= capacity else None
     if full is not None and len(full[0]) <= capacity:
         groups = [full]
@@ -227,7 +244,8 @@ def _judge_over(b: np.ndarray, columns: list[np.ndarray], owners: list[str], min
         groups = [([columns[i] for i in range(m)], [(o,) for o in owners])] if m <= capacity else []
         groups += _packed(columns, owners, capacity)
     for cols, names in groups:
-        coef = near_combination(b, np.column_stack(cols), min_cell, seed)
+        coef = off_in_a_class(b, np.column_stack(cols), min_cell, seed, within) if within \
+            else near_combination(b, np.column_stack(cols), min_cell, seed)
         if coef is not None:
             return sorted({o for c, name in zip(coef[1:], names) if abs(c) > 1e-6 * scale for o in name})
     return None
@@ -261,7 +279,8 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
         pool = set(site.arrays) if every is None else every & set(site.arrays)
         others = [o for o in sorted(pool) if o != name and _usable(np.asarray(site.arrays[o]), n)]
         mine = _flat(a)
-        strata, classes = class_strata(site, role_arrays, analyses, role, name, n)
+        strata, plain, tagged = class_strata(site, role_arrays, analyses, role, name, n)
+        classes, crossed = tuple(m for _, m in plain), tuple(m for _, m in tagged)
         for j in range(mine.shape[1]):
             columns, owners = [], []
             for o in others:
@@ -279,8 +298,9 @@ def near_combinations(site: SiteData, uses: Iterable[tuple[str, str]], min_cell:
                 # identity III = 1 - II exactly there, a small level those rules judge as an implied level.
                 continue
             key = ("combination", _digest(b), tuple(_digest(c) for c in columns), tuple(owners), min_cell,
-                   tuple(_digest(np.asarray(site.arrays[y])) for y in strata))
-            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1], classes))
+                   tuple(_digest(np.asarray(site.arrays[y])) for y in strata), len(classes), len(crossed))
+            found = _verdict(key, lambda: _judge(b, columns, owners, min_cell, key[1], classes, crossed,
+                                                    role == "label"))
             if found:
                 what = name if mine.shape[1] == 1 and a.ndim == 1 else f"{name}[{j}]"
                 problems.append(f"{role} {what} is a combination of {', '.join(found)} but for fewer than "

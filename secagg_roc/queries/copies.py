@@ -24,9 +24,9 @@ whichever is smaller, is not zero, is smaller than the array's own spread (at mo
 absolute deviations from its median: a map that does not explain the array says nothing), and its largest
 ``min_cell - 1`` entries hold more than (min_cell - 1) / min_cell of its total (a group of ``min_cell`` equal
 differences just meets that, as `groups` judges covariates), or, for a value array, it sits on 1..min_cell-1
-records of a class of a label or a level of a categorical array in effect (`CLASS_SHARE`): sums of y * x or
-a * x give them (red team 6: an age at surgery off the age at diagnosis in 8 records, one a case, gave its
-delay). Residuals below `RESOLUTION` of the arrays'
+records of a class of a label or a level of a categorical array in effect, or of such a class crossed with a
+weight's (`class_sums`: sums of y * x, a * x or w * y * x give them; red team 6: an age at surgery off the age
+at diagnosis in 8 records, one a case, gave its delay). Residuals below `RESOLUTION` of the arrays'
 magnitude count as zero: an exact copy in other units, computed in floating point, is no near copy. Arrays are
 compared so over at least `MIN_RECORDS` and more than 3 (min_cell - 1) records (a handful of records fits some
 map by chance; equality is checked there too).
@@ -56,7 +56,7 @@ import numpy as np
 
 from ..policy import ROLES
 from .groups import CATEGORICAL_LEVELS
-from .implied_levels import categorical
+from .class_sums import CLASS_SUMS, class_strata, off_in_few
 from .registry import SiteData
 
 #: A map explains an array when its residual is at most this share of the array's own spread.
@@ -142,24 +142,11 @@ def _near_map(a: np.ndarray, b: np.ndarray, min_cell: int, classes: tuple[np.nda
         residual = np.where(np.abs(residual) <= floor, 0.0, residual)
         if best is None or float(np.abs(residual).sum()) < float(np.abs(best).sum()):
             best = residual
+    exact = 2 * int(np.count_nonzero(best == 0)) >= best.size  # (an identity of the data but for some records)
     # Judged on the map that explains b best: an estimated slope a hair off 1 would leave far values of a
     # in the residual of what is plain noise around the identity.
     return float(np.abs(best).sum()) <= NEAR_SHARE * spread and (
-        _dominated(best, k) or any(_off_in_few(best[m], k) for m in classes))
-
-
-#: Within a class, a residual is k records' when the others hold at most this share of theirs (k / (k + 1), the
-#: rule over all records, refused smooth recalibrations, whose residual peaks at a class's extremes).
-CLASS_SHARE = 0.02
-
-
-def _off_in_few(residual: np.ndarray, k: int) -> bool:
-    """Whether `residual` (over one class of a label) sits on 1..k records in effect (see the module docstring)."""
-    if residual.size <= 3 * k:
-        return False  # a class of a handful of records fits some map by chance
-    d = np.sort(np.abs(residual))[::-1]
-    top = float(d[:k].sum())
-    return top > 0 and float(d[k:].sum()) <= CLASS_SHARE * top
+        _dominated(best, k) or any(off_in_few(best, k, m, exact) for m in classes))
 
 
 def _out_of_order(a: np.ndarray, b: np.ndarray, cap: int | None = None) -> int:
@@ -203,37 +190,9 @@ def _zero_one(a: np.ndarray) -> bool:
     return bool(np.all((a == 0) | (a == 1)))
 
 
-def _levels(y: np.ndarray, n: int) -> list[np.ndarray]:
-    """The record masks of each class of `y` if it is a 0/1 vector over `n` records or a categorical one (its
-    levels), where a GLM's sums of x times it give a residual's sum over each; [] otherwise."""
-    if y.ndim != 1 or y.shape[0] != n or y.dtype.kind not in "iufb":
-        return []
-    values = np.unique(y)
-    return [y == v for v in values] if 1 < values.size and categorical(y, values) else []
-
-
 def _differ_count(a: np.ndarray, b: np.ndarray) -> int:
     differ = a.reshape(a.shape[0], -1) != b.reshape(b.shape[0], -1)
     return int(np.count_nonzero(differ.any(axis=1)))
-
-
-#: The analyses whose releases sum values over a class of a label or a level of a categorical array (the GLM's
-#: sums of y * x and a * x, the Brier score's of y * p): only where the policy allows one is a residual judged
-#: within those classes (a DP sensitivity study's score, off an affine map of age in one small cell, ran).
-CLASS_SUMS = ("glm", "brier")
-
-
-def class_strata(site: SiteData, role_arrays: Callable[[str], Iterable[str] | None], analyses: Iterable[str],
-                 role: str, name: str, n: int) -> tuple[list[str], tuple[np.ndarray, ...]]:
-    """Run by a Site: the arrays (a label, a categorical covariate or weight) over whose classes an analysis the
-    policy allows (`CLASS_SUMS`) sums the values of array `name` of `role` over `n` records, and the record
-    masks of those classes. None for a label: labels are summed against values, not within one another."""
-    if role == "label" or not set(CLASS_SUMS) & set(analyses):
-        return [], ()
-    cells = [role_arrays(r) for r in ("label", "covariate", "weight")]
-    cells = sorted(site.arrays) if None in cells else sorted({a for names in cells for a in names} & set(site.arrays))
-    strata = [y for y in cells if y != name and _levels(np.asarray(site.arrays[y]), n)]
-    return strata, tuple(m for y in strata for m in _levels(np.asarray(site.arrays[y]), n))
 
 
 def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
@@ -269,7 +228,8 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         scores = role_arrays("score")
         # Values (not labels) are summed against every label and categorical array: their residual is judged
         # within each class and level too (a GLM over [x, A] gives sum x over A = 1 from its information).
-        strata, classes = class_strata(site, role_arrays, analyses, role, name, a.shape[0])
+        # (And within a weight's classes crossed with the others: a weighted GLM sums w * y * x.)
+        strata, plain, crossed = class_strata(site, role_arrays, analyses, role, name, a.shape[0])
         if every is None:
             others = set(site.arrays)
         else:  # a label against labels only (a 0/1 covariate beside it is a GLM's cross-table, `groups`)
@@ -280,8 +240,11 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             if other == name or b.ndim == 0 or b.shape[0] != a.shape[0] or b.dtype.kind not in "iufb":
                 continue
             ranked = role == "score" and (scores is None or other in set(scores))
+            # Not within the other array's own classes: there it is constant, and the residual its cross-table
+            # with this one (a label against a 0/1 covariate), which the small-group rules judge.
+            classes = tuple(m for tags, m in plain + crossed if other not in tags)
             key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked,
-                   tuple(digest(y) for y in strata))
+                   tuple(digest(y) for y in strata), len(classes))
             found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked, classes))
             if found == MAP:
                 problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here "

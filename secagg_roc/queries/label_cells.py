@@ -19,7 +19,10 @@ of a 0/1/2 code and of its square give its levels' counts) has its total
 released by a GLM, a column sum or a weighted Brier score, and that total less a union of bins is the flag's
 cross-table with the union just as a label's is (red team 5: a "high risk"
 covariate beside a histogram). So is the implied level of flags never 1
-together (one-hot columns: n less their sums), so those are judged too.
+together (one-hot columns: n less their sums), so those are judged too. And so
+are the records where two named two-valued arrays differ: the curves of labels y and y2 (two outcome
+definitions) over one score difference per bin into the signed count of those records there (red team 7: one
+record in a bin gave 1.0).
 
 The round's ``labels`` parameter names the arrays: the policy's
 ``roles.label``, and its covariates and weights where an analysis it allows
@@ -62,6 +65,14 @@ def _indicators(a: np.ndarray, n: int, min_cell: int) -> list[np.ndarray]:
     return out
 
 
+def _two_valued(a: np.ndarray, n: int) -> np.ndarray | None:
+    """The 0/1 indicator of the larger value of `a` if it is a two-valued vector over `n` records, else None."""
+    if not (a.ndim == 1 and a.shape[0] == n and a.dtype.kind in "biuf"):
+        return None
+    values = np.unique(a)
+    return (a == values[1]) if values.size == 2 else None
+
+
 def _small_class(marks: np.ndarray, min_cell: int) -> bool:
     ones = int(np.count_nonzero(marks))
     return any(0 < k < min_cell for k in (ones, marks.size - ones))
@@ -89,6 +100,13 @@ def label_marks(site: SiteData, params: dict[str, Any], y: np.ndarray, min_cell:
     # groups to judge: the analyses that give their totals refuse themselves; the arrays are judged still.)
     implied = implied_levels.within([(str(k), c) for k, c in enumerate(named)]) or []
     implied = [level.astype(np.int64) for _, level in implied if not _small_class(level, min_cell)]
+    # The records where two named two-valued arrays differ: the curves of labels y and y2 over one score
+    # difference per bin into their signed count there (red team 7: 1 in a bin). Left out where 1..min_cell-1
+    # records differ at the site: the pair is a near copy there, which every analysis of it refuses.
+    binary = [_two_valued(np.asarray(site.arrays.get(name, ())), y.size) for name in names]
+    binary = [b for b in binary if b is not None]
+    differ = [(a != b).astype(np.int64) for i, a in enumerate(binary) for b in binary[i + 1:]]
+    implied += [d for d in differ if d.any() and not d.all() and not _small_class(d != 0, min_cell)]
     # The run's label as a column of its own only where it could be one: a class of 1..min_cell-1 records keeps
     # the site out of the run (`groups.label_problems`), and judging by it would make this mask its own.
     run = np.zeros_like(y) if _small_class(y != 0, min_cell) else y
