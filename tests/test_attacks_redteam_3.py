@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import secagg_roc as sr
@@ -369,6 +369,7 @@ def _site(a: np.ndarray, b: np.ndarray) -> SiteData:
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(20, 300), moved=st.integers(1, Q - 1),
        slope=st.sampled_from([1.0, -1.0, 12.0, 0.01, 2.5]), offset=st.sampled_from([0.0, 0.1, -40.0]),
        noise=st.sampled_from([0.0, 1e-12, 1e-7]), levels=st.sampled_from([0, 2, 4]))
+@example(seed=463, n=20, moved=4, slope=1.0, offset=0.0, noise=1e-12, levels=2)  # moves outweighing the spread
 def test_an_affine_map_of_an_array_but_in_a_few_records_is_a_near_copy(seed, n, moved, slope, offset, noise,
                                                                        levels):
     # Continuous, binary (a label and its complement, a jittered 0/1 covariate) or a few levels.
