@@ -146,15 +146,20 @@ def test_an_indicator_weight_does_not_give_the_one_record_off_a_copy_where_it_me
     assert str(1.6) not in text
 
 
-def test_a_copy_off_in_large_groups_of_every_class_and_weight_level_still_runs():
-    # Off in 5 records of each (y, A) cell at h1: every sum the weighted GLMs give covers 5 records or more.
-    rng = np.random.default_rng(4)
+def _sites_with_a_copy(rng: np.random.Generator, n: int = 80) -> dict:
+    """Three sites of `n` records: a label y, a 0/1 array A, a value a and its exact copy a2."""
     data = {}
     for k in range(3):
-        n = 80
         a = np.round(rng.uniform(1, 5, n), 2)
         data[f"h{k}"] = {"y": (np.arange(n) % 2).astype(np.int64), "A": (np.arange(n) // 2 % 2).astype(float),
                          "a": a, "a2": a.copy()}
+    return data
+
+
+def test_a_copy_off_in_large_groups_of_every_class_and_weight_level_still_runs():
+    # Off in 5 records of each (y, A) cell at h1: every sum the weighted GLMs give covers 5 records or more.
+    rng = np.random.default_rng(4)
+    data = _sites_with_a_copy(rng)
     h1 = data["h1"]
     off = np.concatenate([np.flatnonzero((h1["y"] == y) & (h1["A"] == w))[:5] for y in (0, 1) for w in (0, 1)])
     h1["a2"][off] += np.round(rng.uniform(0.5, 3, off.size), 2)
@@ -169,12 +174,7 @@ def test_an_almost_indicator_covariate_does_not_give_the_one_record_of_its_level
     texts = set()
     for delay in (1.6, 2.7):
         rng = np.random.default_rng(2)
-        data = {}
-        for k in range(3):
-            n = 80
-            a = np.round(rng.uniform(1, 5, n), 2)
-            data[f"h{k}"] = {"y": (np.arange(n) % 2).astype(np.int64), "A": (np.arange(n) // 2 % 2).astype(float),
-                             "a": a, "a2": a.copy()}
+        data = _sites_with_a_copy(rng)
         h1 = data["h1"]
         y, flag = h1["y"], h1["A"]
         off = np.r_[np.flatnonzero((flag == 0) & (y == 0))[:5], np.flatnonzero((flag == 0) & (y == 1))[:4],
