@@ -88,19 +88,20 @@ def _terms(columns: list[np.ndarray], owners: list[str], used: Iterable[int],
            products: Iterable[tuple[int, int]] | None = None) -> tuple[list[np.ndarray], list[tuple[str, ...]]]:
     """The columns `used`, their pairwise products (sums of them are a GLM's information: an interaction
     column; of two labels, one outcome AND another) and their squares (only those of `products`, pairs i <= j,
-    if given). No square or product of a categorical column of several levels with another such or with
+    if given: already judged by `_product_kept`). No square or product of a categorical column of several levels with another such or with
     itself: a polynomial in its codes interpolates any value per level, so "a combination but for the records
     of one small level" would be any small level (a cell, which the cross-table and binned analyses' rules
     judge), not a record off an identity."""
     used = list(used)
-    kinds = {i: _kind(columns[i]) for i in used}
     cols = [columns[i] for i in used]
     names = [(owners[i],) for i in used]
-    pairs = [(i, j) for x, i in enumerate(used) for j in used[x:]] if products is None else products
-    for i, j in pairs:
-        if _product_kept(kinds[i], kinds[j], i == j):
-            cols.append(columns[i] * columns[j])
-            names.append((owners[i], owners[j]))
+    if products is None:  # (each column's kind read once: `_kind` sorts it)
+        kinds = {i: _kind(columns[i]) for i in used}
+        products = [(i, j) for x, i in enumerate(used) for j in used[x:]
+                    if _product_kept(kinds[i], kinds[j], i == j)]
+    for i, j in products:
+        cols.append(columns[i] * columns[j])
+        names.append((owners[i], owners[j]))
     return cols, names
 
 
