@@ -13,6 +13,7 @@ bytes and decoded again on delivery, exactly as the network would carry it.
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 import itertools
 from typing import Any, Callable, Iterable, Mapping
 
@@ -125,7 +126,7 @@ class LocalFederation(FaultInjection):
         self._bare: dict[str, Site] | None = None
         #: run -> its contributors, from the run's join release (who gets the run's later rounds); the
         #: latest runs only, as the aggregators keep them.
-        self._members: dict[str, tuple[str, ...]] = {}
+        self._members: OrderedDict[str, tuple[str, ...]] = OrderedDict()
         #: aggregator index -> the phase of each round from which it no longer answers (`take_down`).
         self._down: dict[int, str] = {}
         #: site -> the phase of each round from which it no longer answers (`take_down`).
@@ -319,7 +320,7 @@ class LocalFederation(FaultInjection):
         if joining and run is not None:
             self._members[run] = tuple(contributors)
             while len(self._members) > KEEP_SETTLED:
-                del self._members[next(iter(self._members))]
+                self._members.popitem(last=False)
         return shares
 
     def _open(self, query: Query) -> None:

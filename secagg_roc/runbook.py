@@ -12,6 +12,7 @@ values come from its caller, not from a site's data.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -60,11 +61,11 @@ class RunBook:
     def __init__(self, sites: Iterable[str], allow_dropouts: bool, max_runs: int | None = None):
         self.sites = frozenset(sites)
         self.allow_dropouts = allow_dropouts
-        self.runs: dict[str, RunRecord] = {}
+        self.runs: OrderedDict[str, RunRecord] = OrderedDict()
         #: With `max_runs`, only the latest runs are kept: an older run takes no further step (its id is
         #: refused as too old), so a long study's book stays bounded. None keeps every run.
         self.max_runs = max_runs
-        self._evicted: dict[str, None] = {}  # insertion-ordered: the oldest evicted ids are forgotten first
+        self._evicted: OrderedDict[str, None] = OrderedDict()  # the oldest evicted ids are forgotten first
         #: Runs with a release under way (`Aggregator.reserve`): never evicted, so that release cannot be refused.
         self.pinned: set[str] = set()
 
@@ -118,14 +119,15 @@ class RunBook:
         if params["step"] == 0:
             self.runs[params["run"]] = RunRecord(params["run"], str(params.get("analysis")), number)
             while self.max_runs is not None and len(self.runs) > self.max_runs:
-                # Dicts keep insertion order: the oldest run not pinned (at most one per open round is).
+                # The oldest run not pinned (at most one per open round is). An OrderedDict: a plain dict
+                # whose front was deleted skips the deleted slots on every scan from its start.
                 old = next((r for r in self.runs if r not in self.pinned), None)
                 if old is None:
                     break
                 del self.runs[old]
                 self._evicted[old] = None
                 if len(self._evicted) > 16 * self.max_runs:
-                    del self._evicted[next(iter(self._evicted))]
+                    self._evicted.popitem(last=False)
         else:
             run = self.runs[params["run"]]
             run.step, run.step_round = int(params["step"]), number

@@ -57,3 +57,22 @@ def test_a_forgotten_run_takes_no_further_step_and_its_id_is_not_reused(long_stu
                                               long_study.policy.digest()), None)
     with pytest.raises(sr.PolicyError, match="used once"):
         agg.open(join)
+
+
+def test_runs_leave_no_cyclic_garbage(long_study):
+    """What a run leaves behind is freed by reference counts as soon as it is retired: a reference cycle
+    (e.g. a site's plan copy whose closure holds the run that holds the copy) would keep every retired run
+    alive until a full collection, whose cost grows with everything else alive."""
+    import gc
+
+    gc.collect()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for _ in range(50):
+            sr.brier_score(long_study, "y", "score")
+        gc.collect()
+        kinds = sorted({type(o).__qualname__ for o in gc.garbage})
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    assert kinds == [], f"runs left objects in reference cycles: {kinds}"

@@ -42,6 +42,7 @@ together.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 import logging
 from typing import Any
 
@@ -136,7 +137,7 @@ def restore(state: AggregatorState, snap: dict[str, Any]) -> None:
     for run, analysis, join, contributors, step, step_round, failed in snap["runs"]:
         runbook.runs[run] = RunRecord(run, analysis, int(join), None if contributors is None else tuple(contributors),
                                       int(step), int(step_round), failed)
-    runbook._evicted = dict.fromkeys(snap["evicted"])
+    runbook._evicted = OrderedDict.fromkeys(snap["evicted"])
     for records in snap["disclosures"]:
         core.disclosures.released[frozenset(records)] = {s: int(c) for s, c in records.items()}
     core._release_order = [int(n) for n in snap["release_order"]]

@@ -39,6 +39,7 @@ live entries; `restore` then `SiteAnswers._replay` rebuild the same state.
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -153,7 +154,7 @@ class SiteCompactor:
                 run, analysis, args, contributors, records, number, ended = item
                 info = RunInfo(run, analysis, args, tuple(contributors), int(records))
                 runs.restore_ended(info, int(number), ended)
-        runs.finished = dict.fromkeys(snap["finished"])
+        runs.finished = OrderedDict.fromkeys(snap["finished"])
 
     def reorder(self) -> None:
         """Once the live runs of the snapshot are rebuilt: put every run back in its place among the

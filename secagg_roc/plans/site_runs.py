@@ -68,7 +68,7 @@ class SiteRuns:
         self.runs: OrderedDict[str, _Run] = OrderedDict()
         #: Ids of runs no longer kept (insertion-ordered, the latest KEEP_FINISHED): refused if joined again.
         #: Forgetting the oldest is safe: a run id reused much later is a new run, checked like any.
-        self.finished: dict[str, None] = {}
+        self.finished: OrderedDict[str, None] = OrderedDict()  # popped from the front in O(1)
 
     # -- joining --------------------------------------------------------------------
 
@@ -148,7 +148,7 @@ class SiteRuns:
             old, state = self.runs.popitem(last=False)
             self.finished[old] = None
             if len(self.finished) > KEEP_FINISHED:
-                del self.finished[next(iter(self.finished))]
+                self.finished.popitem(last=False)
 
     def on_join_release(self, run: str, contributors: tuple[str, ...], records: int) -> None:
         """The join of `run` was released over `contributors`: check the set, start the plan."""
@@ -171,9 +171,10 @@ class SiteRuns:
             state.ended = f"its join was released over a set the policy does not allow: {problem}"
             return
         ctx = PlanContext(self.policy, info, len(self.all_sites), self.site)
+        plan, args = state.plan, state.args
 
-        def make() -> Rounds:
-            return state.plan.rounds(ctx, state.args)
+        def make() -> Rounds:  # not over `state`, which holds it: no cycle, so a retired run is freed at once
+            return plan.rounds(ctx, args)
 
         # The steps are computed once per process for every site fed the same releases (`shared_steps`).
         root = self.shared.root(state.plan, ctx, state.args, make)
