@@ -19,7 +19,8 @@ Holes found:
 * Under ``--sync normal`` a site's DP release was committed without an fsync, after which its shares left:
   a power loss could take the ledger entry of a release the analyst already had, and the restarted site would
   draw that release afresh (and charge it as new) when asked again. Fixed: the transaction that logs a DP
-  release is committed with ``synchronous=FULL`` in any mode (`Store.append_many(power_safe=True)`).
+  release is committed with ``synchronous=FULL`` in any mode (`Store.append_many(power_safe=True)`); since
+  2026-11-24 an exact release's too (it is what later releases are judged against).
 * A site whose database is put back from an older copy (a backup, a VM snapshot) or replaced by a fresh one
   had forgotten the DP releases made since, and spent its budget again (the last test below, a strict xfail
   until its fix). Not the analyst's act, and nothing on the site alone can notice it (the copy is the site's
@@ -205,12 +206,13 @@ def commits_under(sql: list[str], start: str = "NORMAL") -> list[tuple[str, list
     return out
 
 
-def test_a_dp_release_is_fsynced_before_it_is_sent_even_under_sync_normal(tmp_path: Path) -> None:
-    """``--sync normal`` trades the last entries on a power loss for speed. A DP release's ledger entry is not
-    one to lose: the noisy values already left, and a restarted site whose ledger lacked them would draw the
-    same release afresh (its average with the first removes noise) and charge the budget as if for the first
-    time. So the transaction that logs a DP release commits with ``synchronous=FULL`` (which also makes every
-    entry before it durable), whatever the database's mode."""
+def test_a_release_is_fsynced_before_it_is_sent_even_under_sync_normal(tmp_path: Path) -> None:
+    """``--sync normal`` trades the last entries on a power loss for speed. A release's ledger entry is not one
+    to lose: the values already left. A restarted site whose ledger lacked a DP release would draw it afresh
+    (its average with the first removes noise) and charge the budget as if for the first time; one lacking an
+    exact release would judge later releases (contributor sets, differencing) without it. So the transaction
+    that logs a release, exact or DP, commits with ``synchronous=FULL`` (which also makes every entry before it
+    durable), whatever the database's mode."""
     from test_site_compaction import dp_study
 
     config, _ = dp_study(tmp_path)
@@ -218,12 +220,13 @@ def test_a_dp_release_is_fsynced_before_it_is_sent_even_under_sync_normal(tmp_pa
     study = StateStudy(pair(config, tmp_path / "d"), sites, config.policy)
     study.run("rocglm", label="y", score="s")
     for name, site in sites.items():
-        with_release = [mode for mode, stmts in commits_under(site.sql) if any("'ledger:noisy'" in s for s in stmts)]
-        assert with_release, f"{name} logged no DP release"
-        assert with_release == ["FULL"] * len(with_release), f"{name}: a DP release committed under {with_release}"
-        plain = [mode for mode, stmts in commits_under(site.sql) if any("'ledger:exact'" in s for s in stmts)
-                 and not any("'ledger:noisy'" in s for s in stmts)]
-        assert "NORMAL" in plain  # the mode still holds for the rest: it is not FULL for everything
+        commits = commits_under(site.sql)
+        for kind in ("noisy", "exact"):
+            with_release = [mode for mode, stmts in commits if any(f"'ledger:{kind}'" in s for s in stmts)]
+            assert with_release, f"{name} logged no {kind} release"
+            assert with_release == ["FULL"] * len(with_release), f"{name}: a {kind} release committed under {with_release}"
+        plain = [mode for mode, stmts in commits if not any("'ledger:" in s for s in stmts)]
+        assert "NORMAL" in plain  # the mode still holds for the rest (joins, received releases): not FULL for all
 
 
 # 3 -- concurrency and repeats through real processes (attacks that held; kept as regression tests) -------------------

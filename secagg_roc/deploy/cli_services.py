@@ -97,7 +97,7 @@ def _common(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--name", required=True, metavar="NAME", help=f"this {role}'s name in the study file")
     parser.add_argument("--sync", choices=("full", "normal"), default="full",
                         help="SQLite durability: full (default) survives power loss, normal only a killed process "
-                             "(a site's DP releases are fsync'd either way)")
+                             "(a site's releases, its ledger, are fsync'd either way)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"),
                         help="log detail on stderr (default: %(default)s)")
     parser.add_argument("--stop-on-eof", action="store_true",

@@ -11,8 +11,8 @@ and the operator's consent to the non-private mode, and for each round:
 - logs, in ONE SQLite transaction and *before* anything is sent (the `persist`
   hook of `Site.answer`): the query, the ledger entries of the release, the
   split of its shares (`site_log.split_record`: seeds and digests, not
-  vectors) and the state of its DP-noise generator (with a DP release,
-  fsync'd even under ``--sync normal``). So a restarted agent
+  vectors) and the state of its DP-noise generator (with a release, exact
+  or DP, fsync'd even under ``--sync normal``). So a restarted agent
   re-sends the same shares rather than new ones (the shares of a round must
   come from one split, or the total is wrong), never draws DP noise twice (a
   DP release is replayed from the ledger), and never releases anything its
@@ -262,9 +262,10 @@ class SiteAnswers:
                 rng = json.dumps(self.data.rng.bit_generator.state)
                 if rng != self._logged_rng:
                     rows.append(("rng", number, rng.encode()))
-                # A DP release is fsync'd even under --sync normal: lost in a power failure after it was sent,
-                # it would be drawn afresh (and charged as new) when asked again.
-                self.store.append_many(rows, power_safe=any(e.kind == "noisy" for e in entries))
+                # A release is fsync'd even under --sync normal. A DP one lost in a power failure after it was
+                # sent would be drawn afresh (and charged as new) when asked again; an exact one would be missing
+                # from the checks of later releases against earlier ones (contributor sets, differencing).
+                self.store.append_many(rows, power_safe=bool(entries))
                 self.compactor.note(sum(len(r[2]) for r in rows))
                 self._logged_rng = rng
                 logged["record"] = record

@@ -19,7 +19,7 @@ so a database cannot be mixed up between parties by a wrong path.
 Durability: ``synchronous=FULL`` (the default) makes an acknowledged entry
 survive power loss as well as a killed process; ``NORMAL`` survives a killed
 process but may lose the last entries on power loss, except those appended
-``power_safe`` (a site's DP releases: fsync'd in any mode). Pages are 64 KiB because
+``power_safe`` (a site's releases, its ledger: fsync'd in any mode). Pages are 64 KiB because
 share vectors are large blobs (a 8 MB vector writes about twice as fast as
 with 4 KiB pages).
 
