@@ -208,10 +208,14 @@ def main() -> None:
         for concurrent in (True, False):
             mode = "5 concurrent" if concurrent else "5 sequential"
             for r in range(args.rounds):
+                baseline = None
                 for kind in ("product", "aiohttp", "blocking"):
                     ms = run(kind, folder, args.batches, concurrent)
+                    median = statistics.median(ms)
+                    baseline = baseline or median  # the aggregator's own path, measured in the same round
                     print(f"{mode:13s} {kind:9s} round {r + 1}: server CPU per 5 x 8 MB bodies: median "
-                          f"{statistics.median(ms):6.1f} ms (min {min(ms):6.1f}, max {max(ms):6.1f})", flush=True)
+                          f"{median:6.1f} ms (min {min(ms):6.1f}, max {max(ms):6.1f}), "
+                          f"{median / baseline:.2f}x the product's", flush=True)
 
 
 if __name__ == "__main__":
