@@ -43,14 +43,12 @@ equal but that four pairs of controls trade values (far apart: four records out 
 identity, yet no case's count of controls below it changes) or that four adjacent case-control pairs trade them
 (each moves the AUC's numerator by one), and one case rescored, gave from two secure AUCs the number of controls
 that case passed (red team 8: 18 of the true 16, 45 of 49, to the AUC's rounding). So two scores are also near
-copies when, for some label the policy names, the changes of its records' placements (each record's count of
-the other class's records below it at the site, `rank_copies.placement_shifts`) are, within a class, dominated by
-1..min_cell-1 records as a map's residual is above (where the class holds at least `MIN_RECORDS` and the
-placements of at least half of it are unchanged: unrelated scores shift most). A model refitted with a little
-noise, whose records cross records of the other class in 1..min_cell-1 places at a site only, is such a copy
-too, as it was under the count above when no record moved within its class: its AUC less the other's is the net
-count of those crossings (pooled, about as many per site), a small cell. Matrices wider than `MAX_COLUMNS` are compared by equality
-only.
+copies when, for some label the policy names, the multiset of a class's placements (each record's count of the
+other class's records below it at the site, `rank_copies.placement_shifts`) moves in at most a quarter of the
+class, those moves dominated by 1..min_cell-1 records as a map's residual is above (where the class holds at
+least `MIN_RECORDS`). A model refitted with a little noise whose records cross records of the other class in a
+few places only at a small site is such a copy too: its AUC less the other's is the net count of those
+crossings. Matrices wider than `MAX_COLUMNS` are compared by equality only.
 
 The refusal names the two arrays and the rule, never a count or a value.
 """
