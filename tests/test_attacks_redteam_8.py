@@ -151,6 +151,18 @@ def test_records_trading_values_do_not_hide_a_rescored_case_from_two_secure_aucs
     assert "site 'h1' does not take part" in text and "ranks the records as" in text
 
 
+def test_a_site_of_eleven_cases_does_not_hide_a_rescored_case_among_controls_trading_values():
+    # Classes under MIN_RECORDS are judged where the copy is exact on half of the records or more.
+    data, case = _controls_trade(0.2)
+    h = data["h1"]
+    keep = np.r_[np.flatnonzero(h["y"] == 0), case, np.flatnonzero(h["y"] == 1)[1:11]]
+    data["h1"] = {k: v[keep] for k, v in h.items()}
+    spy = analyst_spy.Spy(sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]},
+                                                             analyses=RANKS_ONLY)))
+    assert spy.attempt(sr.secure_auc, "y", "p2") is None and spy.released() == []
+    assert "site 'h1' does not take part" in _text(spy) and "ranks the records as" in _text(spy)
+
+
 # -- 2. a monotone map within the buckets, neighbours trading values as padding -----------------------------------
 
 
