@@ -27,9 +27,7 @@ some label the policy names, the shifts of a class's placements (each record's c
 records below it at the site), taken as a multiset (values traded within a class move none), move in at most
 a quarter of the class and those moves are dominated by 1..min_cell-1 records;
 two labels are near copies under a score the policy names when all but 1..min_cell-1 of the records where they
-differ pair up, flipped both ways, with fewer than min_cell records between them, or lie within min_cell records
-of either end of the score's order (a fourth hole, found while fixing the third: four controls at the bottom
-made cases padded one in the middle just as well). The refusal names the arrays
+differ pair up, flipped both ways, with fewer than min_cell records between them. The refusal names the arrays
 and the rule, never a count or a value (asserted: one text whatever the record holds).
 
 Attacks that held (played once, or asserted below):
@@ -45,6 +43,12 @@ Attacks that held (played once, or asserted below):
 
 Residuals, by design (`queries.rank_copies`): padding pairs a few more than min_cell records apart blur the rank
 they pad by a few records each; a record moved past records of other sites only shifts no placement at its own.
+Left open (a strict xfail below): four controls at the bottom of a site's order made cases beside one in the
+middle: the two AUCs' rank sums differ by 363 for its rank of 267 among 600 (the padding's pooled ranks, 8 to 35,
+add 100, which the analyst can bound, not know). Counting a lone flipped record within min_cell of an end of the
+order as no record in effect closes it, but keeps honest outcome definitions differing in exactly min_cell
+records, one of them near an end, out of every analysis (`test_attacks_redteam_api`'s five patients, one with 3
+records below it: 79 % of one-way differences of 5 records at sites of 40, 42 % at 100).
 
 Costs: honest noisy refits of a score at small sites, whose records cross records of the other class in a few
 places only, are near copies now (they were when no record moved within its class): 100 draws each of uniform
@@ -53,10 +57,9 @@ at 100 records sd 0.002: 1 -> 64 %; none at 400 or more, nor unrelated scores (5
 records; a class under `MIN_RECORDS` is not judged so). `test_attacks_combined`'s second score over sites of 30
 records (p plus noise of sd 0.1 on a 0.05 grid) moved 3 of one site's 15 cases only and is refused now: it takes
 sd 0.15 there. Two labels differing in a few records at random (100 draws each, scores uniform, the label
-drawn from them), both ways: in 5 records, 79 % refused at 40 records a site, 37 % at 100, 10 % at 400, none at
-2,000; in 8, 39 %, 14 %, none; in 15, none at 100 or more. One way (a 30-day beside a 90-day outcome), refused
-only where a record lies within 5 of an end of the order: in 5 records, 79 % at 40, 42 % at 100, 7 % at 400,
-3 % at 2,000; in 8, 9 % at 40, none at 100 or more; among the highest-risk records, 5: 26 % at 40, 4 % at 100. The demo and rank analyses of GBSG2 over two scores and two outcomes still run (asserted below).
+drawn from them) both ways: in 5 records, 43 % refused at 40 records a site, 16 % at 100, 5 % at 400, none at
+2,000; in 8, 31 %, 9 %, none. One-way differences (a 30-day beside a 90-day outcome) are never judged so.
+The demo and rank analyses of GBSG2 over two scores and two outcomes still run (asserted below).
 """
 
 from __future__ import annotations
@@ -237,6 +240,10 @@ def test_two_label_definitions_padded_by_neighbours_do_not_give_a_records_rank(a
     assert "site 'h1' does not take part" in text and "label y2 differs from y in records whose ranks under score p" in text
 
 
+@pytest.mark.xfail(strict=True, reason="VULN: lone flipped records at an end of the score's order pad a label copy "
+                   "(fix: `rank_copies.label_rank_shifts` counts a flipped record with fewer than min_cell records "
+                   "below or above it as no record in effect; cost: honest outcome definitions differing in exactly "
+                   "min_cell records, one near an end, are refused, as test_attacks_redteam_api's are)")
 def test_two_label_definitions_padded_at_the_bottom_of_the_order_do_not_give_a_records_rank():
     # Four controls at the bottom of h1's scores made cases (each adds a rank of about 1 to 15 of 600) and one in the
     # middle: the two AUCs' rank sums differ by its rank plus a few tens.
@@ -279,12 +286,10 @@ def test_a_score_refitted_with_noise_at_sites_of_400_still_runs():
 
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(12, 300), k=st.integers(Q, 40))
-def test_labels_differing_one_way_away_from_the_ends_are_never_near_copies_by_rank(seed, n, k):
+def test_labels_differing_one_way_are_never_near_copies_by_rank(seed, n, k):
     rng = np.random.default_rng(seed)
     s, y = rng.random(n), (rng.random(n) < 0.5).astype(np.int64)
-    rank = np.argsort(np.argsort(s))
-    inner = np.flatnonzero((y == 0) & (rank >= Q) & (rank < n - Q))  # Q or more records below and above
-    flipped = inner[: min(k, inner.size)]
+    flipped = np.flatnonzero(y == 0)[:k]
     y2 = y.copy()
     y2[flipped] = 1
     assert label_rank_shifts(y, y2, s, Q) == (0 < flipped.size < Q)
