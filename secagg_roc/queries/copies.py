@@ -48,7 +48,9 @@ other class's records below it at the site, `rank_copies.placement_shifts`) move
 class, those moves dominated by 1..min_cell-1 records as a map's residual is above (where the class holds at
 least `MIN_RECORDS`). A model refitted with a little noise whose records cross records of the other class in a
 few places only at a small site is such a copy too: its AUC less the other's is the net count of those
-crossings. Matrices wider than `MAX_COLUMNS` are compared by equality only.
+crossings. Two labels are judged so under every score the policy names (`rank_copies.label_rank_shifts`: all but
+1..min_cell-1 of the records where they differ pairing up as neighbours flipped both ways). Matrices wider than
+`MAX_COLUMNS` are compared by equality only.
 
 The refusal names the two arrays and the rule, never a count or a value.
 """

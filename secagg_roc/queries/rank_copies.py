@@ -25,7 +25,9 @@ Residuals, by design: pairs a few more records apart than min_cell blur the rank
 site of 200 added 100 to the middle one's rank of 267 among 600; counting them as no record in effect would
 keep two honest outcome definitions that differ in min_cell records, one of them near an end, from every
 analysis, as `test_attacks_redteam_api` uses them); a record moved past records of other sites only shifts no
-placement here.
+placement here; two labels that differ in more than a quarter of the records are not judged, since unrelated
+flags pair up as neighbours by chance (padding by that many pairs adds their gaps, a few records each, to the
+rank it pads).
 """
 
 from __future__ import annotations
@@ -87,14 +89,15 @@ def _ranks(s: np.ndarray) -> np.ndarray:
 
 
 def label_rank_shifts(y: np.ndarray, y2: np.ndarray, s: np.ndarray, min_cell: int) -> bool:
-    """Whether labels `y` and `y2` differ, over score `s`, in 1..min_cell-1 records in effect: records flipped in
+    """Whether labels `y` and `y2`, equal on at least three quarters of the records (as a copy is), differ over
+    score `s` in 1..min_cell-1 records in effect: records flipped in
     opposite directions are matched as neighbours in the order of `s` (a stack, as brackets are), and a pair
     with fewer than `min_cell` records between them is no record in effect (its contribution to the difference
     of the two rank sums is that small count); every other record whose label differs is one."""
     d = y2.astype(np.int64) - y.astype(np.int64)
     where = np.flatnonzero(d)
-    if where.size == 0:
-        return False
+    if where.size == 0 or 4 * where.size > d.size:
+        return False  # labels differing in many records pair up as neighbours by chance (two unrelated flags)
     rank = _ranks(s.astype(np.float64))
     where = where[np.argsort(rank[where], kind="stable")]
     stack: list[int] = []
