@@ -407,7 +407,9 @@ def _cap_study(scores=("p",), budget_delta: float | None = None) -> tuple[sr.Stu
     for k in range(3):
         y = rng.permutation(np.r_[np.zeros(15, int), np.ones(15, int)])
         p = np.round(np.clip(0.35 + 0.3 * y + 0.15 * rng.normal(size=30), 0, 1) * 20) / 20
-        data[f"h{k}"] = {"y": y, "p": p, "p2": np.clip(p + 0.1 * rng.normal(size=30), 0, 1)}
+        # (p2: a second score, not a near copy of p in rank terms; noise of sd 0.1 moved only 3 of h1's 15 cases
+        # past controls, which red team 8's rule refuses: `queries.rank_copies`)
+        data[f"h{k}"] = {"y": y, "p": p, "p2": np.clip(p + 0.15 * rng.normal(size=30), 0, 1)}
     # Budget: one release at the policy's noise (by default), or as many as budget_delta allows.
     dp = sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_delta=budget_delta)
     policy = Policy(analyses=("rocglm", "roctest"), dp=dp, roles={"label": ["y"], "score": list(scores)})

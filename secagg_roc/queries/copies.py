@@ -37,8 +37,20 @@ records of the other class that record passed (exactly, over 60 records). So two
 when one ranks the records as the other does (in the same or the reverse order) except for 1..min_cell-1 of
 them (and fewer than a quarter of the site's records, so that two unrelated scores of a handful of records do
 not agree that far by chance; and both with more distinct values than a categorical column: a label or a few
-risk groups ties records rather than ordering them). Matrices wider than `MAX_COLUMNS` are compared by
-equality only.
+risk groups ties records rather than ordering them). A count of records out of order is no measure of what rank
+statistics tell, though: they compare each record of one class of a label with those of the other, so two scores
+equal but that four pairs of controls trade values (far apart: four records out of the order, eight off the
+identity, yet no case's count of controls below it changes) or that four adjacent case-control pairs trade them
+(each moves the AUC's numerator by one), and one case rescored, gave from two secure AUCs the number of controls
+that case passed (red team 8: 18 of the true 16, 45 of 49, to the AUC's rounding). So two scores are also near
+copies when, for some label the policy names, the multiset of a class's placements (each record's count of the
+other class's records below it at the site, `rank_copies.placement_shifts`) moves in at most a quarter of the
+class, those moves dominated by 1..min_cell-1 records as a map's residual is above (where the class holds at
+least `MIN_RECORDS`). A model refitted with a little noise whose records cross records of the other class in a
+few places only at a small site is such a copy too: its AUC less the other's is the net count of those
+crossings. Two labels are judged so under every score the policy names (`rank_copies.label_rank_shifts`: all but
+1..min_cell-1 of the records where they differ pairing up as neighbours flipped both ways). Matrices wider than
+`MAX_COLUMNS` are compared by equality only.
 
 The refusal names the two arrays and the rule, never a count or a value.
 """
@@ -57,6 +69,7 @@ import numpy as np
 from ..policy import ROLES
 from .groups import CATEGORICAL_LEVELS
 from .class_sums import CLASS_SUMS, class_strata, off_in_few
+from .rank_copies import label_rank_shifts, placement_shifts
 from .registry import SiteData
 
 #: A map explains an array when its residual is at most this share of the array's own spread.
@@ -239,6 +252,12 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
         if a.ndim == 0 or a.dtype.kind not in "iufb":
             continue
         scores = role_arrays("score")
+        # Rank statistics: two scores' placements within the classes of every label, two labels' ranks under
+        # every score (`rank_copies`).
+        labels = _ranked_arrays(site, role_arrays("label"), a.shape[0], two_valued=True) \
+            if role == "score" and a.ndim == 1 else []
+        ranking = _ranked_arrays(site, scores, a.shape[0], two_valued=False) \
+            if role == "label" and a.ndim == 1 else []
         # Values (not labels) are summed against every label and categorical array: their residual is judged
         # within each class and level too (a GLM over [x, A] gives sum x over A = 1 from its information).
         # (And within a weight's classes crossed with the others: a weighted GLM sums w * y * x.)
@@ -256,9 +275,18 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
             # Not within the other array's own classes: there it is constant, and the residual its cross-table
             # with this one (a label against a 0/1 covariate), which the small-group rules judge.
             classes = tuple(m for tags, m in plain + crossed if other not in tags)
+            within = tuple(labels) if ranked else ()
             key = ("pair", digest(name), digest(other), min_cell, role, every is None, ranked,
-                   tuple(digest(y) for y in strata), len(classes))
-            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked, classes))
+                   tuple(digest(y) for y in strata), len(classes), tuple(digest(y) for y in within))
+            found = _verdict(key, lambda: _judge_pair(a, b, min_cell, role, every is None, ranked, classes,
+                                                      tuple(np.asarray(site.arrays[y]) for y in within)))
+            if found == NONE and ranking and b.ndim == 1 and _zero_one(a) and _zero_one(b):
+                for score in ranking:
+                    key = ("label ranks", digest(name), digest(other), digest(score), min_cell)
+                    if _verdict(key, lambda: label_rank_shifts(a, b, np.asarray(site.arrays[score]), min_cell)):
+                        problems.append(f"label {name} differs from {other} in records whose ranks under score "
+                                        f"{score} are, in effect, those of fewer than {min_cell} records here")
+                        break
             if found == MAP:
                 problems.append(f"{role} {name} differs from {other} in fewer than {min_cell} records here "
                                 "(as it is, or up to a change of scale and offset)")
@@ -268,14 +296,28 @@ def near_copies(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int,
     return problems
 
 
+def _ranked_arrays(site: SiteData, names: Iterable[str] | None, n: int, two_valued: bool) -> list[str]:
+    """The arrays among `names` (None: every array of the site) that a rank statistic may take at `n` records:
+    labels (two-valued) or scores (more distinct values than a categorical array)."""
+    found = []
+    for name in sorted((set(site.arrays) if names is None else set(names)) & set(site.arrays)):
+        x = np.asarray(site.arrays[name])
+        if x.ndim == 1 and x.shape[0] == n and x.dtype.kind in "iufb" and bool(np.all(np.isfinite(x))):
+            levels = np.unique(x).size
+            if (levels == 2) if two_valued else (levels > CATEGORICAL_LEVELS):
+                found.append(name)
+    return found
+
+
 #: What `_judge_pair` finds.
 NONE, MAP, ORDER = 0, 1, 2
 
 
 def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles: bool, ranked: bool,
-                classes: tuple[np.ndarray, ...] = ()) -> int:
+                classes: tuple[np.ndarray, ...] = (), labels: tuple[np.ndarray, ...] = ()) -> int:
     """MAP if `a` and `b` are equal or affine maps of each other but for a few records in effect (or of one of
-    `classes`), else ORDER if (`ranked`: two scores) one is in the other's order but for a few, else NONE."""
+    `classes`), else ORDER if (`ranked`: two scores) one is in the other's order but for a few, or their
+    placements within a class of one of `labels` shift on a few records in effect, else NONE."""
     count = _differ_count(a, b) if b.shape == a.shape else 0
     pairs = [(x, z) for x in _columns(a) for z in _columns(b)] \
         if int(np.prod(a.shape[1:])) <= MAX_COLUMNS and int(np.prod(b.shape[1:])) <= MAX_COLUMNS else []
@@ -284,7 +326,11 @@ def _judge_pair(a: np.ndarray, b: np.ndarray, min_cell: int, role: str, no_roles
     if 0 < count < min_cell or any(_near_map(x, z, min_cell, classes) or _near_map(z, x, min_cell, classes)
                                    for x, z in pairs):
         return MAP
-    if ranked and a.ndim == 1 and b.ndim == 1 and _near_order(a.astype(np.float64), b.astype(np.float64), min_cell):
+    if not (ranked and a.ndim == 1 and b.ndim == 1):
+        return NONE
+    x, z = a.astype(np.float64), b.astype(np.float64)
+    if _near_order(x, z, min_cell) or (min(np.unique(x).size, np.unique(z).size) > CATEGORICAL_LEVELS and any(
+            placement_shifts(x, z, y, min_cell, max(MIN_RECORDS, 3 * max(1, min_cell - 1) + 1)) for y in labels)):
         return ORDER
     return NONE
 
