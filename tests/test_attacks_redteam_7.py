@@ -74,7 +74,7 @@ import warnings
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import secagg_roc as sr
@@ -425,6 +425,7 @@ def test_glms_over_gbsg2_with_a_frequency_weight_and_the_demo_still_run(tmp_path
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), n=st.integers(30, 200))
+@example(seed=1331, n=35)  # a lone record at y = 0, W = 0, left out by the trimmed fit: only extrapolated to
 def test_smooth_transforms_under_a_label_and_a_weight_are_no_combination_within_a_class(seed, n):
     # The fit over half the records must not take a smooth approximation (sqrt age by age, age^2 and log age,
     # exact to float noise on the central records) for an identity off in a few records of a class.

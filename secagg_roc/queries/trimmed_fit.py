@@ -106,6 +106,16 @@ def _without_lone_cells(M: np.ndarray, coef: np.ndarray, residual: np.ndarray, k
     return np.where((on[index] > 0) | (size[index] > k), residual, 0.0)
 
 
+def _undetermined(M: np.ndarray, kept: np.ndarray) -> np.ndarray:
+    """The records whose fitted value the kept records do not determine: their row leaves the span of the kept
+    rows (a cell of 0/1 terms the trimmed fit left out whole, its indicator a combination of centred terms).
+    The minimum-norm fit only extrapolates to them, by a value of no record's, so their miss is none of the
+    data's; such a cell is a small group of those 0/1 columns, which the small-group rules judge."""
+    _, sv, vt = np.linalg.svd(M[kept])
+    null = vt[int(np.count_nonzero(sv > sv[0] * 1e-10)):]
+    return np.abs(M @ null.T).max(axis=1) > 1e-8 * np.linalg.norm(M, axis=1)
+
+
 def near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: bytes) -> np.ndarray | None:
     """The coefficients (intercept first) if `b` is a combination of the columns of `basis` except on fewer
     than `min_cell` records in effect (see `combinations`' docstring), else None."""
@@ -125,12 +135,14 @@ def near_combination(b: np.ndarray, basis: np.ndarray, min_cell: int, seed: byte
     # Settled by one accurate least squares over the records it keeps: the normal equations square the
     # condition of near-collinear terms (age, age^2, age log age), whose float noise must not look like a miss.
     kept = np.argsort(np.abs(b - M @ coef), kind="stable")[: n - k]
-    coef = np.linalg.lstsq(M[kept], b[kept], rcond=None)[0]
+    coef, _, rank, _ = np.linalg.lstsq(M[kept], b[kept], rcond=None)
     fit = M @ coef
     residual = b - fit
     top = max(float(np.max(np.abs(b))), float(np.max(np.abs(fit))), 1e-300)
     floor = RESOLUTION * top * np.sqrt(M.shape[1])
     residual = np.where(np.abs(residual) <= floor, 0.0, residual)
+    if rank < M.shape[1]:
+        residual = np.where(_undetermined(M, kept), 0.0, residual)
     residual = _without_lone_cells(M, coef, residual, k)
     if not (float(np.abs(residual).sum()) <= NEAR_SHARE * spread and _dominated(residual, k)):
         return None
