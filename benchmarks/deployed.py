@@ -12,7 +12,9 @@
    ones in fsync'd side files), agree, sum, release; the analyst
    combines and decodes), against the plain numpy sum of the same K vectors
    (``acc += v``) in the same run, and their ratio. Target: ratio <= 30 at
-   K=10, d=1e6.
+   K=10, d=1e6. Also the CPU of every process: per run (the timed runs and
+   the warm-up), and per round, the join and the sum apart (5 more runs, each
+   process's CPU read 0.2 s after each round; target <= 0.3 CPU-s per round).
 2. The whole distributed analysis (ROC-GLM with DP survivor functions, its
    DeLong CI, Brier score, calibration curve) on 5 site agents with n=2500
    records in total: wall time, the number of rounds, and the same analysis
