@@ -19,9 +19,7 @@ block, through an aligned scratch buffer; the body's last partial block is
 written padded with zeros and the file then truncated to the body's size.
 Where ``O_DIRECT`` is not supported (another OS, a file system that refuses
 it, an odd block size) the file is written the ordinary way, with the same
-bytes and the same fsync. A body in several pieces (a message's header and
-vector) is first joined by `SideFileWriter.gather` into a page-aligned buffer
-the writer reuses, then written from it directly.
+bytes and the same fsync.
 """
 
 from __future__ import annotations
