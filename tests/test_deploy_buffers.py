@@ -167,26 +167,6 @@ def test_a_store_logs_a_pooled_body_and_replays_it(tmp_path: Path) -> None:
     assert (entry.seq, entry.kind, entry.number, entry.party, entry.body) == (seq, "share", 7, "site-a", expected)
 
 
-@settings(max_examples=12, deadline=None)
-@given(sizes=st.lists(st.integers(0, (1 << 20) + 3 * ALIGN), min_size=1, max_size=4), offset=st.integers(0, 7))
-def test_a_body_logged_in_pieces_replays_as_their_concatenation(tmp_path_factory, sizes: list[int], offset: int) -> None:
-    # The aggregator logs a held release from its message's buffers (header, vector): inline or in a side
-    # file, each entry must read back exactly as the joined bytes, also when the gather buffer is reused.
-    folder = tmp_path_factory.mktemp("pieces")
-    rng = np.random.default_rng(sum(sizes) + offset)
-    bodies = []
-    for k in range(3):
-        pieces = [rng.integers(0, 256, n + offset * k, dtype=np.uint8) for n in sizes]
-        pieces[0] = bytes(pieces[0])  # bytes and arrays mixed, as `to_buffers` returns them
-        bodies.append(pieces)
-    with Store(folder / "a.sqlite", study="s", party="agg-1") as store:
-        store.append("release", 1, bodies[0])
-        store.append_many([("release", 2, bodies[1]), ("release", 3, bodies[2])])
-    with Store(folder / "a.sqlite", study="s", party="agg-1") as store:
-        got = [e.body for e in store.entries()]
-    assert got == [b"".join(bytes(p) for p in pieces) for pieces in bodies]
-
-
 # --------------------------------------------------------------------------- a site's shares
 
 

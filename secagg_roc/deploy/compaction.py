@@ -259,8 +259,7 @@ class Compactor:
         held = [n for n in core._release_order if core.rounds[n].released is not None]
         new = [n for n in held if n not in self.release_seqs]
         for n in new:  # durable before the snapshot that stops re-summing the round from its shares
-            # (its buffers, not `encode()`: 8 MB at d=1e6 would be joined into fresh pages, then copied again)
-            self.release_seqs[n] = self.store.append("release", n, core.rounds[n].released.to_buffers())
+            self.release_seqs[n] = self.store.append("release", n, core.rounds[n].released.encode())
         upto = self.store.last_seq()
         text = json.dumps(snapshot_of(state, upto, self._remembered_hex()), separators=(",", ":"))
         open_rounds = sorted(n for n, r in core.rounds.items() if r.state is RoundState.OPEN)

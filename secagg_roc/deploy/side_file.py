@@ -29,8 +29,6 @@ import fcntl
 import mmap
 import os
 
-from typing import Sequence
-
 import numpy as np
 
 __all__ = ["SideFileWriter", "ALIGN"]
@@ -58,25 +56,6 @@ class SideFileWriter:
         #: False once direct writes failed here (or were never available): plain writes from then on.
         self.direct = bool(direct and _O_DIRECT)
         self._scratch: mmap.mmap | None = None  # page-aligned, allocated on first use, reused
-        self._gathered: mmap.mmap | None = None  # page-aligned, for `gather`: grown as needed, reused
-
-    def gather(self, pieces: Sequence[bytes | bytearray | memoryview]) -> memoryview:
-        """`pieces` joined into a page-aligned buffer this writer reuses (valid until the next `gather`).
-
-        For a body that exists as several buffers (a message's header and its vector): one copy, into
-        pages already mapped after the first time, which `write` then hands to the device as they are
-        (``b"".join`` would copy into fresh pages, and `write` again through its scratch buffer)."""
-        views = [memoryview(p).cast("B") for p in pieces]
-        n = sum(len(v) for v in views)
-        if self._gathered is None or len(self._gathered) < n:
-            if self._gathered is not None:
-                self._gathered.close()
-            self._gathered = mmap.mmap(-1, max(n + (-n) % ALIGN, ALIGN))  # anonymous: page-aligned
-        pos = 0
-        for v in views:
-            self._gathered[pos:pos + len(v)] = v
-            pos += len(v)
-        return memoryview(self._gathered)[:n]
 
     def write(self, path: str | os.PathLike[str], body: bytes | bytearray | memoryview) -> None:
         """Create `path` (owner-only, must not exist), write `body` to it and fsync it."""

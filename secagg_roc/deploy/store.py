@@ -70,8 +70,6 @@ SCHEMA_VERSION = "3"
 SYNC_MODES = ("FULL", "NORMAL")
 #: Bodies at least this large go to fsync'd side files (see the module docstring).
 SIDE_BYTES = 1 << 20
-#: An entry's body: bytes, or a list of buffers logged as their concatenation.
-Body = bytes | bytearray | memoryview | list
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -163,12 +161,9 @@ class Store:
                     "pass the right --name / database path (never share a database between parties)"
                 )
 
-    def append(self, kind: str, number: int, body: Body, *, party: str = "", at: float | None = None,
+    def append(self, kind: str, number: int, body: bytes | memoryview, *, party: str = "", at: float | None = None,
                durable: bool = True) -> int:
         """Append one entry and return its sequence number (committed when this returns).
-
-        `body` may also be a list of buffers (a message's `to_buffers`): the entry is their concatenation
-        (a large one reaches its side file with one copy instead of two).
 
         ``durable=False`` skips the fsync for an entry that can be fetched again
         if a power loss takes it (a site's copy of a release): it still survives
@@ -184,7 +179,7 @@ class Store:
                 self._db.execute("PRAGMA synchronous=FULL")
 
     def append_many(
-        self, entries: list[tuple[str, int, Body]], *, party: str = "", at: float | None = None,
+        self, entries: list[tuple[str, int, bytes | memoryview]], *, party: str = "", at: float | None = None,
         power_safe: bool = False,
     ) -> int:
         """Durably append `entries` (kind, number, body) in one transaction: all or none. Last seq.
@@ -202,14 +197,11 @@ class Store:
             finally:
                 self._db.execute(f"PRAGMA synchronous={self.synchronous}")
 
-    def _append_rows(self, entries: list[tuple[str, int, Body]], party: str, stamp: float) -> int:
+    def _append_rows(self, entries: list[tuple[str, int, bytes | memoryview]], party: str, stamp: float) -> int:
         """`append_many`'s transaction (with the lock held)."""
         # Large bodies: durable side files first; a crash before the commit leaves only orphans.
         rows = []
         for kind, number, body in entries:
-            if isinstance(body, (list, tuple)):  # a body in pieces (a message's `to_buffers`): logged joined
-                size = sum(len(memoryview(b).cast("B")) for b in body)
-                body = self._side.gather(body) if size >= SIDE_BYTES else b"".join(body)
             size = len(memoryview(body).cast("B")) if isinstance(body, (bytes, bytearray, memoryview)) else -1
             if size >= SIDE_BYTES:
                 rows.append((kind, int(number), party, stamp, b"", self._write_side_file(body), size))
