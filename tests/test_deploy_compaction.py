@@ -129,6 +129,21 @@ def test_a_compacted_log_replays_to_the_state_of_the_full_log_and_stays_flat(con
         assert not again.changed and np.array_equal(again.reply.vector, b.state.release_for("site-b", last).vector)
 
 
+def test_a_snapshot_written_with_remembered_stub_encodings_equals_one_encoded_afresh(config, tmp_path: Path) -> None:
+    # Every compaction snapshots the kept rounds' share stubs; the compactor reuses the encodings of the
+    # stubs it already wrote. What it stores must be exactly what encoding the whole state anew gives.
+    aggs = [Aggregator(config, f"agg-{j + 1}", tmp_path / f"agg-{j + 1}.sqlite") for j in range(2)]
+    sites = make_sites(config)
+    for n in range(3 * KEEP):  # settled rounds come and go from the kept set
+        drive([aggs], config, sites, n)
+        for a in aggs:
+            stored = json.loads(a.store.snapshot())
+            assert stored == snapshot_of(a.state, stored["upto"])
+            assert sum(len(r.get("accepted", ())) for r in stored["rounds"]) >= min(n, KEEP - 1)
+    remembered = {id(s) for r in aggs[0].state.core.rounds.values() for s in r.accepted.values()}
+    assert set(aggs[0].compactor._stub_hex) <= remembered  # stubs of retired rounds are forgotten
+
+
 def test_an_open_round_keeps_its_shares_through_compactions_and_restarts(config, tmp_path: Path) -> None:
     compact, full = twins(config, tmp_path)
     sites = make_sites(config)
