@@ -6,10 +6,11 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from secagg_roc import Policy, PolicyError, pooled
+from secagg_roc.errors import SiteQueryError
 from secagg_roc.queries import SiteData, run_site_query
 from secagg_roc.stats import brier_score, calibration_curve
 from secagg_roc.study import Study
@@ -57,7 +58,15 @@ def test_distributed_equals_pooled_with_the_per_site_cell_rule(data):
     if y.size < q:
         return
     study = _study(y, p, sizes, q=q, calibration_bins=n_bins, min_cell_count=cell)
-    assert brier_score(study, "y", "p") == pytest.approx(pooled.brier_score(y, p), abs=TOL)
+    try:
+        brier = brier_score(study, "y", "p")
+    except SiteQueryError as exc:
+        # A site of a dozen records whose scores sit on 0.1 steps can hold a label that is a quadratic in them
+        # but for a few records (seed-found: y = 0 at p = 0.2 but for 2 of 9 records, 1 at 0.1 and 0.3): the
+        # near-combination rule refuses it, by its letter. That rule has its own tests; this one is about sums.
+        assume("is a combination of" not in str(exc))
+        raise
+    assert brier == pytest.approx(pooled.brier_score(y, p), abs=TOL)
     got = calibration_curve(study, "y", "p")
     ref = pooled.calibration_curve(y, p, n_bins=n_bins, min_cell_count=cell, sites=_site_labels(sizes))
     np.testing.assert_array_equal(got.released, ref.released)
