@@ -42,8 +42,8 @@ together.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 import logging
+from collections import OrderedDict
 from typing import Any, Callable
 
 from ..aggregator import Round, RoundState

@@ -39,8 +39,8 @@ live entries; `restore` then `SiteAnswers._replay` rebuild the same state.
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING, Any
 
 from ..dp.accounting import Charge
