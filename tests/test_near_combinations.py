@@ -85,3 +85,16 @@ def test_a_combination_off_in_one_record_of_a_class_is_refused_where_an_analysis
         assert problems == [f"covariate total is a combination of a, b but for fewer than {Q} records here"]
     # Over all records it is off in 8 records: no analysis that sums only over all records gives that case.
     assert cb.near_combinations(site, uses, Q, roles, ("sum", "roc")) == []
+
+
+def test_only_records_outside_the_kept_rows_span_are_undetermined():
+    """The records a trimmed fit cannot place (a 0/1 cell it left out whole) are set aside as extrapolated;
+    every record of a full-rank fit, and every record inside the kept rows' span, is judged."""
+    from secagg_roc.queries.trimmed_fit import _undetermined
+
+    rng = np.random.default_rng(0)
+    M = np.hstack([np.ones((30, 1)), rng.normal(size=(30, 3))])
+    assert not _undetermined(M, np.arange(25)).any()
+    lone = np.hstack([M, (np.arange(30) == 29).astype(float)[:, None]])  # record 29 alone in its cell
+    assert np.flatnonzero(_undetermined(lone, np.arange(29))).tolist() == [29]
+    assert not _undetermined(lone, np.arange(30)).any()  # kept: its cell is fitted, not extrapolated

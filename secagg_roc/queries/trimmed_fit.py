@@ -113,6 +113,8 @@ def _undetermined(M: np.ndarray, kept: np.ndarray) -> np.ndarray:
     data's; such a cell is a small group of those 0/1 columns, which the small-group rules judge."""
     _, sv, vt = np.linalg.svd(M[kept])
     null = vt[int(np.count_nonzero(sv > sv[0] * 1e-10)):]
+    if null.shape[0] == 0:  # (lstsq's rank threshold is finer than this one: nothing left undetermined)
+        return np.zeros(M.shape[0], dtype=bool)
     return np.abs(M @ null.T).max(axis=1) > 1e-8 * np.linalg.norm(M, axis=1)
 
 
