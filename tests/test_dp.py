@@ -16,6 +16,7 @@ from secagg_roc.dp import (
     analytic_sigma,
     classic_sigma,
     gaussian_noise,
+    release_grid,
     gaussian_sigma,
     histogram_representation,
     l2_sensitivity,
@@ -24,7 +25,7 @@ from secagg_roc.dp import (
     privacy_profile,
     recommended_privacy,
 )
-from secagg_roc import Policy, PolicyError
+from secagg_roc import DPPolicy, Policy, PolicyError, roc_glm
 from secagg_roc.analyst import combine
 from secagg_roc.dp.sensitivity import MAX_BREAKS
 from secagg_roc.plans.runner import join_params
@@ -225,11 +226,61 @@ def test_dp_release_is_noisy_clipped_sorted_and_split_by_class():
     params = {"label": "y", "score": "score", "sigma": sigma, "score_range": [0.0, 1.0]}
     _, res = run_site_query(site, "rocglm.scores", params)
     neg, pos = res.values["negative"], res.values["positive"]
-    # Same generator state as the site: exact scores + N(0, sigma^2) noise, clipped to [0, 1], sorted per class.
+    # Same generator state as the site: exact scores + N(0, sigma^2) noise, clipped to [0, 1], rounded to the
+    # release grid 2^-24, sorted per class.
     expected = np.clip(s + np.random.default_rng(1).normal(0.0, sigma, s.size), 0.0, 1.0)
+    expected = np.rint(expected * 2.0**24) / 2.0**24
     np.testing.assert_array_equal(neg, np.sort(expected[y == 0]))
     np.testing.assert_array_equal(pos, np.sort(expected[y == 1]))
     assert neg.min() >= 0 and pos.max() <= 1 and (neg == 0).any() | (pos == 1).any()
     _, exact = run_site_query(site, "rocglm.scores", {"label": "y", "score": "score", "non_private": True,
                                                       "score_range": [0.0, 1.0]})
     np.testing.assert_array_equal(exact.values["negative"], np.sort(s[y == 0]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lo=st.floats(-1e6, 1e6, allow_nan=False), width=st.floats(1e-6, 1e6), sigma=st.floats(1e-6, 1e3),
+    seed=st.integers(0, 2**32 - 1), n=st.integers(1, 50),
+)
+def test_gaussian_releases_lie_on_a_grid_far_above_float_resolution(lo, width, sigma, seed, n):
+    """The floating-point attack on DP (Mironov 2012) reads which floats a release can take, below the float's
+    resolution. Every released value is a bound or a multiple of a power-of-two grid set by the public bounds
+    alone, 2^28 or more times the float spacing anywhere in the range, and lies within half a grid step of
+    the float mechanism's value."""
+    hi = lo + width
+    x = np.random.default_rng(seed).uniform(lo, hi, n)
+    out = gaussian_noise(x, sigma, np.random.default_rng(seed + 1), lower=lo, upper=hi)
+    grid = release_grid(sigma, lo, hi)
+    assert grid == release_grid(sigma * 3, lo, hi)  # public bounds, not the data or the noise, set it
+    assert grid >= 2.0**28 * np.spacing(max(abs(lo), abs(hi)))
+    assert grid <= 2.0**-23 * max(abs(lo), abs(hi), np.finfo(float).tiny * 2.0**24)
+    on_grid = (out / grid == np.rint(out / grid)) | (out == lo) | (out == hi)
+    assert on_grid.all() and (out >= lo).all() and (out <= hi).all()
+    raw = np.clip(x + np.random.default_rng(seed + 1).normal(0.0, sigma, n), lo, hi)
+    assert np.abs(out - raw).max() <= grid / 2
+
+
+def test_an_analysts_dp_release_carries_no_bits_below_the_grid():
+    """The analyst's view: every per-site DP value a ROC-GLM releases is on the 2^-24 grid of the [0, 1]
+    score range, whatever the site's scores (here scores with every float bit set)."""
+    rng = np.random.default_rng(5)
+    data = {f"h{k}": {"y": rng.integers(0, 2, 80), "score": rng.uniform(size=80)} for k in range(3)}
+    study = Study.local(data, policy=Policy(
+        dp=DPPolicy(epsilon=0.5, delta=0.3, l2_sensitivity=0.05), roles={"label": ["y"], "score": ["score"]}), seed=2)
+    released = []
+    release_dp = study.release_dp
+
+    def spy(query, params=None):
+        out = release_dp(query, params)
+        released.extend(v for arrays in out.values() for v in arrays.values())
+        return out
+
+    study.release_dp = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        roc_glm(study, "y", "score")
+    values = np.concatenate(released)
+    assert values.size == 240
+    assert np.array_equal(values * 2.0**24, np.rint(values * 2.0**24))
+    assert np.unique(values).size > 200  # the grid is fine enough that values stay distinct

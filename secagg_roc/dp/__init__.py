@@ -7,6 +7,7 @@ from .gaussian import (
     gaussian_noise,
     gaussian_sigma,
     privacy_profile,
+    release_grid,
 )
 from .sensitivity import (
     RECOMMENDED,
@@ -34,4 +35,5 @@ __all__ = [
     "min_positive_distance",
     "privacy_profile",
     "recommended_privacy",
+    "release_grid",
 ]
