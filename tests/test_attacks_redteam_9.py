@@ -126,6 +126,35 @@ def test_four_sets_over_shamir_quorums_do_not_give_one_sites_total() -> None:
     assert refusals and all("every aggregator" in str(e) for e in refusals), refusals
 
 
+def test_joins_released_everywhere_and_later_rounds_at_quorums_do_not_give_one_sites_total() -> None:
+    """The analyst lets every aggregator release each join (so the sites take it) and closes the later rounds
+    at its quorums: every aggregator logged every set at its join, so the fourth join is refused everywhere."""
+    data = _data()
+    study = sr.Study.local(data, policy=POLICY, scheme="shamir", n_aggregators=3, threshold=2)
+    fed, aggregate, quorum = study.federation, study.aggregate, {}
+
+    def later_rounds_at_a_quorum(query, params=None, **kw):
+        down = [] if query == "run.join" else [j for j in range(3) if j not in quorum["now"]]
+        for j in down:
+            fed.take_down(j, at="open")
+        try:
+            return aggregate(query, params, **kw)
+        finally:
+            for j in down:
+                fed.bring_up(j)
+
+    study.aggregate = later_rounds_at_a_quorum
+    totals, refusals = Totals(study), []
+    for i in (1, 2, 3, 4):
+        quorum["now"] = QUORUMS[i]
+        try:
+            _run_over(study, SETS[i], None)
+        except (PolicyError, PrivacyError, RoundError) as exc:
+            refusals.append(exc)
+    assert _differenced(totals) is None
+    assert len(refusals) == 1 and "would isolate" in str(refusals[0])
+
+
 @pytest.mark.parametrize("kw", [dict(scheme="additive"), dict(scheme="shamir", n_aggregators=3, threshold=2)])
 def test_the_four_sets_with_every_aggregator_up_are_refused(kw) -> None:
     data = _data()
