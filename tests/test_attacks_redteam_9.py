@@ -38,6 +38,7 @@ import pytest
 import secagg_roc as sr
 import secagg_roc.stats as st
 from secagg_roc import Policy
+from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.errors import PolicyError, PrivacyError, RoundError
 
 TWINS = ("a1", "a2", "b1", "b2", "c1", "c2", "e1", "e2")
@@ -182,3 +183,21 @@ def test_honest_dropouts_under_shamir_still_run_when_every_aggregator_releases_t
     assert _run_over(study, set(SITES), {0, 1}).contributors == tuple(sorted(SITES))
     fresh = sr.Study.local(_data(), policy=POLICY, scheme="shamir", n_aggregators=3, threshold=2)
     assert _run_over(fresh, SETS[1], None).contributors == tuple(sorted(SETS[1]))
+
+
+@pytest.mark.slow
+def test_a_deployed_site_agent_takes_a_join_over_fewer_sites_only_from_every_aggregator(tmp_path) -> None:
+    """Real processes, Shamir 2-of-3, dropouts allowed, site-d never started: a run over the other three
+    sites runs while every aggregator is up, and ends at its join (at every site, naming the rule) while one
+    is down; a run over every site would still need two aggregators only (the embedded test above)."""
+    rng = np.random.default_rng(5)
+    data = {s: {"y": np.r_[0, 1, rng.integers(0, 2, 18)], "score": np.round(rng.random(20), 3)}
+            for s in ("site-a", "site-b", "site-c", "site-d")}
+    three = ("site-a", "site-b", "site-c")
+    with LocalCluster(tmp_path, data, n_aggregators=3, scheme="shamir", threshold=2, round_timeout_s=30.0,
+                      min_sites=2, policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=list(three)) as cl:
+        with cl.study(round_timeout_s=6.0) as study:  # the sites wait 2 s for a silent aggregator's share
+            assert st.brier_score(study, "y", "score").contributors == three
+            cl.stop_party(cl.aggregator_names[-1])
+            with pytest.raises(PolicyError, match="not every aggregator released it"):
+                st.brier_score(study, "y", "score")
