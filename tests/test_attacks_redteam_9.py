@@ -23,9 +23,39 @@ Holes found, each one site's total before the fix:
 Attacks that held (asserted below or played once):
 
 * the same four sets with every aggregator up (additive, and Shamir without aggregators down): the
-  aggregators' guard refuses the fourth (`test_the_four_sets_with_every_aggregator_up_are_refused`);
-* honest dropouts under Shamir with every aggregator up still run over the sites that answered
+  aggregators' guard refuses the fourth (`test_the_four_sets_with_every_aggregator_up_are_refused`); joins let
+  through at every aggregator and the later rounds closed at the quorums: every aggregator logged every set at
+  its join (`test_joins_released_everywhere_and_later_rounds_at_quorums_do_not_give_one_sites_total`);
+* the same with a real deployment (Shamir 2-of-3, a site never started, an aggregator stopped): each site
+  agent ends the run at its join and the analyst's next round is refused naming the rule
+  (`test_a_deployed_site_agent_takes_a_join_over_fewer_sites_only_from_every_aggregator`);
+* honest dropouts under Shamir with every aggregator up still run over the sites that answered, and a run over
+  every site still needs t aggregators only
   (`test_honest_dropouts_under_shamir_still_run_when_every_aggregator_releases_the_join`);
+* a CloseRound naming a site that never submitted (registered or not), a site twice, one site or none:
+  refused by every aggregator, the round left open for the honest close
+  (`test_a_close_naming_sites_that_never_submitted_or_one_site_releases_nothing`);
+* replicated sharing closed at two of its three aggregators: the analyst can add the two aggregators'
+  components by hand, but the sites combine a release from all three only (`combine`), so a join let through
+  at two is never taken in and no later round of its run is answered: every aggregator holds every run's set
+  (`test_a_replicated_join_released_by_two_aggregators_is_never_taken_in_by_a_site`);
+* pairwise masking with a site down after its masked share ("unmask"): its self mask is recovered and the
+  round releases over the run's whole set (played once); a site without a share fails the round (the runbook
+  releases a run's rounds over its set only, `test_attacks_schemes`, `test_attacks_deploy_pairwise`);
+* a scheme the policy did not agree to: a deployed site splits by its own study file's scheme and threshold
+  (the aggregators cannot change t), and the plaintext baseline runs embedded only, over the researcher's own
+  data (`deploy.config_read.DEPLOYED_SCHEMES`; `test_deploy_schemes`); `compare_schemes` runs a fresh
+  embedded study per scheme over data the researcher already holds, so there is nobody to difference against;
+* histograms across privacy models, grids and names: a Federated histogram runs on the policy's grid only, a
+  divisor of it for the DP models (`test_attacks_histograms`), each DistDP / LocalDP release is charged once
+  by its canonical key and replayed when re-asked (`test_attacks_redteam_8`, `test_attacks_redteam_budget`);
+  a Federated histogram or the secure AUC's kept round is an exact release of its run's set, so the
+  quorum hole above (and its fix) covers them alike (the secure AUC runs under additive or replicated only).
+
+Noticed, not changed: each site agent of a deployed Shamir study waits `RELEASE_GRACE_S` (2 s) after the t-th
+share of a release for the others; an aggregator slower than that at a join over fewer than all sites now ends
+that run (a retry by the analyst is a new run). Two studies over the same data (two study ids) keep two ledgers
+and two budgets: the operators' choice, not the analyst's.
 """
 
 from __future__ import annotations
@@ -201,3 +231,46 @@ def test_a_deployed_site_agent_takes_a_join_over_fewer_sites_only_from_every_agg
             cl.stop_party(cl.aggregator_names[-1])
             with pytest.raises(PolicyError, match="not every aggregator released it"):
                 st.brier_score(study, "y", "score")
+
+
+@pytest.mark.parametrize("names,error,text", [
+    (("h0", "h1", "h3"), RoundError, r"no share from \['h3'\]"),  # a registered site that never submitted
+    (("h0", "h1", "h9"), RoundError, r"no share from \['h9'\]"),  # no such site
+    (("h0", "h0", "h1"), RoundError, "lists a site twice"),
+    (("h0",), PrivacyError, "fewer than min_sites"),  # one site's total alone
+    ((), PrivacyError, "fewer than min_sites"),
+])
+def test_a_close_naming_sites_that_never_submitted_or_one_site_releases_nothing(names, error, text) -> None:
+    from secagg_roc.messages import CloseRound
+    from secagg_roc.plans.runner import join_params
+
+    rng = np.random.default_rng(3)
+    data = {f"h{k}": {"y": np.r_[[0, 1] * 3, rng.integers(0, 2, 10)], "score": rng.random(16)} for k in range(4)}
+    study = sr.Study.local(data, policy=POLICY.replace(privacy_level=2, min_cell_count=1))
+    fed, sites = study.federation, study.site_objects
+    args = sr.plans.declared(sr.plans.get_plan("brier"), study.policy, {"label": "y", "score": "score"})
+    join = fed._query("run.join", join_params("r1", "brier", args, study.policy.digest()), None)
+    fed._open(join)
+    fed._collect(join, ["h0", "h1", "h2"], lambda n: sites[n].answer(join))  # h3 drops out
+    for agg in fed.aggregators:
+        with pytest.raises(error, match=text):
+            agg.close(CloseRound(join.round_id, names))
+    # The round is still open and releases over the sites that did submit, as the policy allows.
+    assert fed.aggregators[0].close(CloseRound(join.round_id, ("h0", "h1", "h2"))).contributors == ("h0", "h1", "h2")
+
+
+def test_a_replicated_join_released_by_two_aggregators_is_never_taken_in_by_a_site() -> None:
+    from secagg_roc.errors import CombineError
+    from secagg_roc.messages import CloseRound
+    from secagg_roc.plans.runner import join_params
+
+    study = sr.Study.local(_data(), policy=POLICY, scheme="replicated")
+    fed, sites = study.federation, study.site_objects
+    args = sr.plans.declared(sr.plans.get_plan("brier"), study.policy, {"label": "y", "score": "score"})
+    join = fed._query("run.join", join_params("r2", "brier", args, study.policy.digest()), None)
+    fed._open(join)
+    fed._collect(join, sorted(SETS[2]), lambda n: sites[n].answer(join))
+    two = [fed.aggregators[j].close(CloseRound(join.round_id, tuple(sorted(SETS[2])))) for j in (0, 1)]
+    with pytest.raises(CombineError):
+        sites["a1"].receive_release(two)
+    assert sites["a1"].runs.info("r2") is None  # no contributor set taken: the run's later rounds are refused
