@@ -380,7 +380,8 @@ class Site(NoisyReleases):
         else:
             contributors, records = release.contributors, release.records
         if answered.step == 0:
-            self.runs.on_join_release(answered.run, contributors, records)
+            every = len({s.aggregator for s in shares}) >= self.scheme.n_aggregators
+            self.runs.on_join_release(answered.run, contributors, records, every_aggregator=every)
         else:
             info = self.runs.info(answered.run)
             if info is not None and not same_sites(contributors, site_set(info.contributors)):

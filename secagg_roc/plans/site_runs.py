@@ -150,8 +150,16 @@ class SiteRuns:
             if len(self.finished) > KEEP_FINISHED:
                 self.finished.popitem(last=False)
 
-    def on_join_release(self, run: str, contributors: tuple[str, ...], records: int) -> None:
-        """The join of `run` was released over `contributors`: check the set, start the plan."""
+    def on_join_release(self, run: str, contributors: tuple[str, ...], records: int,
+                        every_aggregator: bool = True) -> None:
+        """The join of `run` was released over `contributors`: check the set, start the plan.
+
+        `every_aggregator`: whether every aggregator of the study released the join (False when the site
+        combined the shares of a threshold scheme's quorum only). A set without every site is taken only
+        from all of them: each aggregator's differencing guard then holds every such set of the study, and
+        those that released over all sites every set at all. A quorum's guard sees the sets of its own
+        releases only, and sets spread over quorums can isolate a site that no single guard (and no site's
+        ledger: it holds the sets it took part in) sees isolated."""
         state = self._state(run)
         if state.info is not None:
             return
@@ -165,6 +173,10 @@ class SiteRuns:
         elif not self.policy.allow_dropouts and sites is not self._all_sites and sites.members != self._all_sites.members:
             missing = sorted(self._all_sites.members - sites.members)
             problem = f"the policy allows no dropouts and {missing} did not join"
+        elif not every_aggregator and sites.members != self._all_sites.members:
+            problem = ("it names fewer than all the study's sites and not every aggregator released it (every "
+                       "aggregator must check such a set against the sets it released over: sets released by "
+                       "different quorums could together isolate a site)")
         info = RunInfo(run, state.plan.name, state.args, contributors, int(records))
         state.info = info
         if problem is not None:
