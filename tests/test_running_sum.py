@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from secagg_roc.aggregator import Aggregator, RoundPolicy
+from secagg_roc.deploy.config_write import loopback_study
 from secagg_roc.analyst import combine
 from secagg_roc.errors import RoundError
 from secagg_roc.messages import CloseRound
 from secagg_roc.sharing import AdditiveSharing
 
+from test_deploy_state import SITES as STATE_SITES, STUDY, Aggregator as LoggedAggregator, join, make_sites
 from test_round_state import make_query, make_shares
 
 SITES = ("s0", "s1", "s2", "s3", "s4", "s5")
@@ -105,3 +107,34 @@ def test_a_fold_that_failed_half_way_is_never_used(monkeypatch) -> None:
     monkeypatch.setattr(type(scheme), "accumulate", real)
     shares = [a.close(_close(query, SITES[:3])) for a in aggs]
     np.testing.assert_array_equal(combine(shares, AdditiveSharing(2))["v"], np.full(D, 6))
+
+
+def test_a_restart_between_folds_and_the_close_releases_the_same_sum(tmp_path) -> None:
+    """The deployed state: shares logged, folded (as the service does after logging them), then the aggregator
+    restarts (the log replays without folds) or not, and a late share arrives and is folded; both release the
+    same vectors, over the agreed set only (site-c's share reached aggregator 0 only: not agreed)."""
+    config = loopback_study(tmp_path / "study", STATE_SITES, 2, [19301, 19302], study_id=STUDY, privacy_level=4,
+                            min_sites=2, round_timeout_s=10.0, max_open_rounds=2,
+                            policy={"allow_dropouts": True, "min_cell_count": 1})
+    sites = make_sites(config)
+    q = join(config, 0, run="run-fold")
+    shares = [sh for s in ("site-a", "site-b") for sh in sites[s].answer(q)]
+    extra = sites["site-c"].answer(q)[0]
+    released = []
+    for restart in (False, True):
+        aggs = [LoggedAggregator(config, f"agg-{j + 1}", tmp_path / str(restart) / f"agg-{j + 1}.sqlite")
+                for j in range(2)]
+        for a in aggs:
+            a.apply("query", q)
+        for sh in shares:
+            aggs[sh.aggregator].apply("share", sh)
+            aggs[sh.aggregator].state.core.rounds[0].fold()
+        if restart:
+            aggs = [a.restart() for a in aggs]
+        aggs[extra.aggregator].apply("share", extra)
+        aggs[extra.aggregator].state.core.rounds[0].fold()
+        released.append([a.apply("close", CloseRound(q.round_id, ("site-a", "site-b"))).reply for a in aggs])
+    for a, b in zip(*released):
+        np.testing.assert_array_equal(a.vector, b.vector)
+    total = combine(released[0], AdditiveSharing(2))
+    assert total.records == 5 and total["sites"].tolist() == [2]
