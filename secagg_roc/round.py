@@ -99,7 +99,7 @@ class Round:
         self._layout_seen: object = None
         self.accepted: dict[str, InputShare] = {}
         #: The accepted shares summed so far (`fold`), taken by the close.
-        self._running = RunningSum(scheme, self._accumulator)
+        self._running = RunningSum(scheme)
         self.released: AggregateShare | ForwardedShares | None = None
         #: The contributor set of the release; kept after `forget` drops the share itself.
         self.released_over: tuple[str, ...] | None = None
@@ -176,7 +176,7 @@ class Round:
         """Add the accepted shares not summed yet into the round's running sum (thread-safe). Run by an
         Aggregator in a worker thread after it accepted a share, so that its close has little left to add."""
         if not self.per_site:
-            self._running.fold(self.accepted)
+            self._running.fold(self.accepted, self._accumulator)
 
     # -- release ------------------------------------------------------------
 
@@ -245,7 +245,7 @@ class Round:
             self.state = RoundState.RELEASED
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
             return self.released
-        acc = self._running.take(agreed, self.accepted)  # exactly the agreed shares, or None
+        acc = self._running.take(agreed, self.accepted, self._accumulator)  # exactly the agreed shares, or None
         if acc is None:  # it held a site outside the agreed set: sum afresh
             acc = self._accumulator(self.scheme.payload_length(shares[0].length))
             payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]

@@ -28,38 +28,38 @@ __all__ = ["RunningSum"]
 class RunningSum:
     """The sum of some accepted shares of one round, and which sites it holds. Thread-safe."""
 
-    def __init__(self, scheme: SharingScheme, take: Callable[[int], np.ndarray]):
+    def __init__(self, scheme: SharingScheme):
         self.scheme = scheme
-        self._take = take  # a vector of n elements with arbitrary contents, that no one else reads
         self._lock = threading.Lock()
         self._acc: np.ndarray | None = None
         self._sites: set[str] = set()
         self._ended = False
         self._broken = False
 
-    def fold(self, accepted: Mapping[str, InputShare]) -> None:
+    def fold(self, accepted: Mapping[str, InputShare], new: Callable[[int], np.ndarray]) -> None:
         """Add every share of `accepted` not added yet (a share of another length is left to the close);
-        nothing once the round was released or abandoned."""
+        nothing once the round was released or abandoned. `new(n)`: a vector of n elements with arbitrary
+        contents that no one else reads (passed on each call, not kept: the round holds this object)."""
         with self._lock:
             if not (self._ended or self._broken):
-                self._fold(list(accepted.items()))
+                self._fold(list(accepted.items()), new)
 
-    def _fold(self, shares: list[tuple[str, InputShare]]) -> None:
+    def _fold(self, shares: list[tuple[str, InputShare]], new: Callable[[int], np.ndarray]) -> None:
         try:
-            self._add(shares)
+            self._add(shares, new)
         except BaseException:
             self._broken = True  # a sum half added to is never used: the close sums afresh
             self._acc = None
             raise
 
-    def _add(self, shares: list[tuple[str, InputShare]]) -> None:
+    def _add(self, shares: list[tuple[str, InputShare]], new: Callable[[int], np.ndarray]) -> None:
         for site, share in shares:
             if site in self._sites:
                 continue
             n = self.scheme.payload_length(share.length)
             payload = Payload(seed=share.seed, vector=share.vector)
             if self._acc is None:
-                acc = self._take(n)
+                acc = new(n)
                 self.scheme.materialize(acc, payload)
                 self._acc = acc
             elif self._acc.shape[0] != n:
@@ -68,7 +68,8 @@ class RunningSum:
                 self.scheme.accumulate(self._acc, payload)
             self._sites.add(site)
 
-    def take(self, agreed: tuple[str, ...], accepted: Mapping[str, InputShare]) -> np.ndarray | None:
+    def take(self, agreed: tuple[str, ...], accepted: Mapping[str, InputShare],
+             new: Callable[[int], np.ndarray]) -> np.ndarray | None:
         """End the running sum: the sum over exactly `agreed` (its shares not folded yet added now), or None
         if the running sum holds a site outside `agreed` or misses one (the caller sums afresh)."""
         with self._lock:
@@ -77,7 +78,7 @@ class RunningSum:
             if self._broken or not self._sites <= wanted:
                 self._acc = None
                 return None
-            self._fold([(s, accepted[s]) for s in agreed])
+            self._fold([(s, accepted[s]) for s in agreed], new)
             acc, self._acc = self._acc, None
             return acc if self._sites == wanted else None
 
