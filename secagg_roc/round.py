@@ -25,7 +25,6 @@ from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundS
 from .queries import QUERIES
 from .ring import Encoding
 from .runbook import rule_params
-from .running_sum import RunningSum
 from .sharing import Payload, SharingScheme
 from .wire import NAME_RE
 
@@ -98,8 +97,6 @@ class Round:
         #: The last layout found to match `_declared` (held: its id is not reused meanwhile).
         self._layout_seen: object = None
         self.accepted: dict[str, InputShare] = {}
-        #: The accepted shares summed so far (`fold`), taken by the close.
-        self._running = RunningSum(scheme)
         self.released: AggregateShare | ForwardedShares | None = None
         #: The contributor set of the release; kept after `forget` drops the share itself.
         self.released_over: tuple[str, ...] | None = None
@@ -172,12 +169,6 @@ class Round:
         # Whether the shares agree with each other is decided at the close (`_disagreeing`), never by
         # whichever share came first: one odd share must not make every honest one bounce.
 
-    def fold(self) -> None:
-        """Add the accepted shares not summed yet into the round's running sum (thread-safe). Run by an
-        Aggregator in a worker thread after it accepted a share, so that its close has little left to add."""
-        if not self.per_site:
-            self._running.fold(self.accepted, self._accumulator)
-
     # -- release ------------------------------------------------------------
 
     def status(self) -> RoundStatus:
@@ -245,13 +236,12 @@ class Round:
             self.state = RoundState.RELEASED
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
             return self.released
-        acc = self._running.take(agreed, self.accepted, self._accumulator)  # exactly the agreed shares, or None
-        if acc is None:  # it held a site outside the agreed set: sum afresh
-            acc = self._accumulator(self.scheme.payload_length(shares[0].length))
-            payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
-            self.scheme.materialize(acc, payloads[0])
-            for p in payloads[1:]:
-                self.scheme.accumulate(acc, p)
+        n = self.scheme.payload_length(shares[0].length)
+        acc = self._accumulator(n)
+        payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
+        self.scheme.materialize(acc, payloads[0])
+        for p in payloads[1:]:
+            self.scheme.accumulate(acc, p)
         self.released = AggregateShare(
             self.round_id, self.index, agreed, records, shares[0].encoding, shares[0].layout, acc
         )
@@ -275,7 +265,6 @@ class Round:
         """Give up an open round (its deadline passed): free its shares; it never releases."""
         if self.state is RoundState.OPEN:
             self.state = RoundState.ABANDONED
-            self._running.discard()
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
 
     def forget(self) -> None:

@@ -79,12 +79,6 @@ class RoundMachine(RuleBasedStateMachine):
             with pytest.raises(RoundError, match="unknown site"):
                 a.handle(s)
 
-    @rule(which=st.sampled_from([0, 1]))
-    def fold(self, which):
-        # The deployed aggregator adds accepted shares into the round's running sum as they arrive; the close
-        # must still release exactly the agreed sum (also when the running sum holds a site outside it).
-        self.aggs[which].round(self.query.round_id).fold()
-
     @rule(contributors=st.sets(st.sampled_from(SITES)))
     def close(self, contributors):
         agreed = tuple(sorted(contributors))

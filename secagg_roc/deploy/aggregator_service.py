@@ -233,14 +233,6 @@ class AggregatorService:
                 self.polls.notify()
             return applied
 
-    def _fold(self, number: int) -> None:
-        """Run by the Aggregator once a share is logged: add the round's accepted shares into its running sum
-        in a worker thread, not awaited (the round waits for its other sites meanwhile; the close adds
-        whatever is not folded yet, and only the shares it agreed on: `running_sum`)."""
-        r = self.state.core.rounds.get(number)
-        if r is not None:
-            asyncio.get_running_loop().run_in_executor(None, r.fold).add_done_callback(_fold_failed)
-
     async def _abandon_expired(self) -> None:
         """Run by the Aggregator in the background: abandon rounds long past their deadline, drop stalled
         connections."""
@@ -291,8 +283,6 @@ class AggregatorService:
         if kind == "close":
             await before_close(self, message, body)  # pairwise masking: first the survivors' unmask answers
         applied = await self._apply(kind, message, body, heavy=(kind == "close"))
-        if kind == "share" and applied.changed:
-            self._fold(message.round_id.number)
         if kind in ("query", "close") and applied.changed:
             log.info("%s %s", "opened" if kind == "query" else "released", message.round_id)
         return await send_reply(request, applied.reply)
@@ -365,11 +355,6 @@ class AggregatorService:
         if peer.role == "site":  # its own DP release chain only: a restarted site checks its ledger against it
             info["dp_chain"] = self.state.core.chains.chains.get(peer.name, b"").hex()
         return web.json_response(info)
-
-
-def _fold_failed(future: asyncio.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:  # (the close then sums afresh: `running_sum`)
-        log.error("adding shares into a running sum failed; the close sums them", exc_info=future.exception())
 
 
 def run_aggregator(
