@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from .buffers import BufferPool
+from .buffers import BufferPool, RecyclingPool
 from .disclosure import DisclosureLog
 from .dp_chain import ReleaseChains
 from .errors import MessageError, PolicyError, RoundError
@@ -59,6 +59,7 @@ class Aggregator:
         retain_released: int = 8,
         retain_bytes: int = 256 << 20,
         buffers: BufferPool | None = None,
+        accumulators: RecyclingPool | None = None,
         mpc: bool = False,
         keep_settled: int | None = None,
     ):
@@ -77,6 +78,9 @@ class Aggregator:
         # Only a caller that guarantees nobody else keeps share vectors (no transcripts,
         # no wire copies) passes a pool: payloads and old releases are recycled into it.
         self.buffers = buffers
+        #: Recycled buffers for large sums (`round.POOLED_SUM_BYTES`), for a caller whose held releases let
+        #: go of them (the deployed aggregator maps its logged releases from their side files: `compaction`).
+        self.accumulators = accumulators
         self.index = index
         self.name = f"aggregator-{index}"
         self.policy = policy
@@ -136,7 +140,8 @@ class Aggregator:
             params = query.params  # parsed once: the round keeps what its run's checks read at the close
         self.runbook.check_open(query, params,
                                 lambda n: n in self.rounds and self.rounds[n].released_over is not None)
-        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers, params=params)
+        self.rounds[rid.number] = Round(query, self.index, self.policy, self.scheme, self.buffers, params=params,
+                                       accumulators=self.accumulators)
         self._open.add(rid.number)
         self.runbook.opened(query, params)
         return self.rounds[rid.number].status()

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from . import prg
-from .buffers import BufferPool
+from .buffers import BufferPool, RecyclingPool
 from .errors import MessageError, PrivacyError, RoundError
 from .messages import AggregateShare, ForwardedShares, InputShare, Query, RoundStatus, check_name
 from .queries import QUERIES
@@ -32,6 +32,9 @@ NOT_COUNTED = -1
 #: The largest record count a share may state: far beyond any study, and small enough that the counts of
 #: every site sum in 64 bits (a count near 2^63 would overflow only when the release is encoded).
 MAX_RECORDS = 1 << 40
+#: A sum at least this large is accumulated in a buffer from the round's `accumulators` pool (if it has
+#: one): a fresh 8 MB accumulator costs its first writes ~15-24 ms of the kernel zeroing its pages.
+POOLED_SUM_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -67,13 +70,16 @@ class Round:
 
     def __init__(
         self, query: Query, index: int, policy: RoundPolicy, scheme: SharingScheme, buffers: BufferPool | None = None,
-        *, params: dict | None = None,
+        *, params: dict | None = None, accumulators: RecyclingPool | None = None,
     ):
         self.query = query
         #: The parameters its run's rules read (`runbook.rule_params`), parsed once (by the aggregator that
         #: opened the round, or here): this aggregator's own copy, which only it reads.
         self.params = rule_params(query.params if params is None else params, policy.sites)
         self.buffers = buffers
+        #: Where a large sum is accumulated (`POOLED_SUM_BYTES`): recycled buffers, each handed out only once
+        #: nothing references it any more (so never while a held release, or a reply being sent, reads it).
+        self.accumulators = accumulators
         self.round_id = query.round_id
         self.index = index
         self.policy = policy
@@ -231,7 +237,7 @@ class Round:
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
             return self.released
         n = self.scheme.payload_length(shares[0].length)
-        acc = np.empty(n, dtype=np.uint64) if self.buffers is None else self.buffers.take(n)
+        acc = self._accumulator(n)
         payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
         self.scheme.materialize(acc, payloads[0])
         for p in payloads[1:]:
@@ -246,6 +252,14 @@ class Round:
                 self.buffers.give(share.vector)
         self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
         return self.released
+
+    def _accumulator(self, n: int) -> np.ndarray:
+        """A uint64 vector of length `n`, arbitrary contents, that no one else reads (the sum overwrites it)."""
+        if self.buffers is not None:
+            return self.buffers.take(n)
+        if self.accumulators is not None and 8 * n >= POOLED_SUM_BYTES:
+            return self.accumulators.array(n, np.uint64)
+        return np.empty(n, dtype=np.uint64)
 
     def abandon(self) -> None:
         """Give up an open round (its deadline passed): free its shares; it never releases."""

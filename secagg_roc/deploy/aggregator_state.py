@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..aggregator import Aggregator, Round, RoundPolicy, RoundState
+from ..buffers import RecyclingPool
 from ..errors import ConfigError, MessageError, PolicyError, RoundError
 from ..messages import (
     CloseRound,
@@ -45,6 +46,10 @@ __all__ = ["AggregatorState", "Applied", "parse_refusal", "ABANDON_FACTOR", "RET
 ABANDON_FACTOR = 2.0
 #: Released rounds whose aggregate share is kept for the sites (and the analyst) to fetch again.
 RETAIN_RELEASED = 64
+#: Recycled accumulators kept for large sums (`round.POOLED_SUM_BYTES`), and their bytes at most: the newest
+#: release held in memory, the sum under way, replies still being sent from older ones.
+ACCUMULATORS = 4
+ACCUMULATOR_BYTES = 256 << 20
 #: Settled rounds kept (at least; four per open-round slot, so the core's run book keeps every live run):
 #: older ones are retired, their numbers never opened again, and `compaction` drops them from the log.
 KEEP_SETTLED = 256
@@ -101,9 +106,12 @@ class AggregatorState:
             require_records=True,  # a deployed round always applies q to a record count
             allow_dropouts=policy.allow_dropouts,
         )
+        # Large sums go into recycled buffers: once a held release is logged, `compaction` maps it from its
+        # side file, so its accumulator (referenced by nothing else then) takes the next round's sum.
         self.core = Aggregator(config.study_id, self.index, round_policy, self.scheme,
                                max_open_rounds=config.max_open_rounds, retain_released=RETAIN_RELEASED,
-                               keep_settled=max(KEEP_SETTLED, 4 * config.max_open_rounds))
+                               keep_settled=max(KEEP_SETTLED, 4 * config.max_open_rounds),
+                               accumulators=RecyclingPool(max_buffers=ACCUMULATORS, max_bytes=ACCUMULATOR_BYTES))
         # Only rounds the core still holds are described here (`_forget_retired`): the state stays bounded.
         self.numbers: dict[int, _Number] = {}
         self.abandoned: set[int] = set()

@@ -9,7 +9,10 @@ last time), and on start, `Compactor.compact`
 1. appends a ``release`` entry for each release the core still holds for the
    sites to fetch (`RETAIN_RELEASED`) and that has none yet: this
    aggregator's `AggregateShare` (or `ForwardedShares`) itself, one vector
-   instead of the K share vectors it was summed from;
+   instead of the K share vectors it was summed from; once logged, a held
+   release of at least `MAP_BYTES` other than the newest is held as a
+   read-only map of that entry's side file (`Compactor._map_held`), so that
+   its accumulator is recycled for a later sum (`round.POOLED_SUM_BYTES`);
 2. in one transaction, writes a snapshot of the `AggregatorState` (JSON, in
    the store's ``meta``) and deletes every entry up to the newest one except
    the ``share`` entries of rounds still open and the ``release`` entries of
@@ -53,7 +56,7 @@ from ..round import _release_bytes
 from ..runbook import RunRecord
 from .aggregator_state import AggregatorState, _Number, parse_refusal
 from .pairwise_relay import CLOSE as PAIRWISE_CLOSE, KINDS, PREFIX as PAIRWISE
-from .store import LogEntry, Store
+from .store import SIDE_BYTES, LogEntry, Store
 
 __all__ = ["Compactor", "COMPACT_BYTES", "COMPACT_EVERY", "SNAPSHOT_FORMAT", "replay", "snapshot_of", "restore"]
 
@@ -65,6 +68,9 @@ SNAPSHOT_FORMAT = "aggregator-snapshot-v1"
 #: round's shares are 8 MB each: such rounds are compacted as they settle).
 COMPACT_EVERY = 32
 COMPACT_BYTES = 32 << 20
+#: A held `AggregateShare` at least this large is, once logged and no longer the newest release, held as a
+#: read-only map of its side file (`Compactor._map_held`): its accumulator is recycled for later sums.
+MAP_BYTES = SIDE_BYTES
 #: Log kinds whose entries name a round (their ``number`` column is the round's number).
 _ROUND_KINDS = ("query", "share", "close", "refusal", "abandon", "release", "reserve", "unreserve")
 
@@ -122,7 +128,7 @@ def restore(state: AggregatorState, snap: dict[str, Any]) -> None:
         query = decode(bytes.fromhex(item["query"]))
         if not isinstance(query, Query) or query.round_id.number != n:
             raise ConfigError(f"snapshot round {n}: not its query")
-        r = Round(query, core.index, core.policy, core.scheme, core.buffers)
+        r = Round(query, core.index, core.policy, core.scheme, core.buffers, accumulators=core.accumulators)
         r.state = RoundState(item["state"])
         if r.state is not RoundState.OPEN:
             stubs = [decode(bytes.fromhex(h)) for h in item["accepted"]]
@@ -271,7 +277,31 @@ class Compactor:
         self._renumber.clear()
         self.release_seqs = {n: self.release_seqs[n] for n in held}
         self._pending = [0, 0]
+        self._map_held(core, held)
         return dropped
+
+    def _map_held(self, core: Any, held: list[int]) -> None:
+        """Hold each logged `AggregateShare` of at least `MAP_BYTES`, but the newest release (the sites fetch
+        it now), as the read-only map of its own side file instead of its accumulator. Run by the Aggregator
+        after a compaction: the log holds exactly these bytes (`release` entry, fsync'd), so a site's late
+        fetch or a repeated close gets the same release, read from the file; the accumulator, referenced by
+        nothing once the replies sent from it are out, goes back to the round's pool for the next large sum
+        (fresh 8 MB of memory per round costs the kernel's page zeroing: RESULTS-deploy.md 1g, 1h)."""
+        newest = core._release_order[-1] if core._release_order else None
+        for n in held:
+            r = core.rounds[n]
+            release = r.released
+            if (n == newest or n in core.kept or not isinstance(release, AggregateShare)
+                    or release.vector.nbytes < MAP_BYTES or not release.vector.flags.writeable):
+                continue  # (a mapped release is read-only: already held from its file)
+            view = self.store.map_body(self.release_seqs[n])
+            if view is None:
+                continue
+            mapped = decode(view)
+            if not (isinstance(mapped, AggregateShare) and mapped == release  # (every field but the vector)
+                    and mapped.vector.shape == release.vector.shape and mapped.vector.dtype == release.vector.dtype):
+                raise ConfigError(f"{self.store.path}: the release entry of round {n} is not its held release")
+            r.released = mapped
 
 
 def replay(state: AggregatorState, store: Store) -> int:

@@ -52,6 +52,7 @@ place), so that a build which would replay the log without it refuses the file.
 
 from __future__ import annotations
 
+import mmap
 import os
 import secrets
 import sqlite3
@@ -279,6 +280,24 @@ class Store:
                 last = seq
                 data = self._read_side_file(seq, file, size) if file else bytes(body)
                 yield LogEntry(seq, kind, number, party, at, data)
+
+    def map_body(self, seq: int) -> memoryview | None:
+        """Entry `seq`'s body as a read-only memory map of its side file (None: no such entry, or its body is
+        inline). Its pages are read from the file when touched; the mapping stays valid after the entry's
+        side file is unlinked (side files are never written again once committed)."""
+        with self._lock:
+            row = self._db.execute("SELECT file, size FROM log WHERE seq = ?", (int(seq),)).fetchone()
+        if row is None or not row[0]:
+            return None
+        name, size = row
+        try:
+            with open(self.blobs / name, "rb") as fh:
+                mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"{self.path}: log entry {seq}: its side file cannot be mapped: {exc}") from None
+        if len(mapped) != size:
+            raise ConfigError(f"{self.path}: log entry {seq}: side file {name} has {len(mapped)} bytes, not {size}")
+        return memoryview(mapped)
 
     def keep_meta(self, key: str, value: str) -> str:
         """The value of ``meta`` `key`: `value` if the database has none yet (stored, committed), else the
