@@ -264,7 +264,9 @@ def test_kill_9_a_compacting_site_agent_at_random_points_and_the_study_goes_on(t
         cl.kill("s1")
         cl.start_party("s1")  # compacts on start: the study's rounds left no entries but the live ones
         path = default_state_path(cl.config, "s1")
-        assert len(log_kinds(path)) <= 4, log_kinds(path)
+        # Only live rounds' entries: none on a quiet host; under load the last rounds' releases may not be
+        # fetched yet when it is killed (6 entries seen at load 9). Never the ~80 rounds it ran (160+ entries).
+        assert len(log_kinds(path)) <= 12, log_kinds(path)
         with cl.study() as study:
             np.testing.assert_array_equal(np.asarray(sr.column_sums(study, "x")).ravel(), expected)
 
