@@ -20,7 +20,8 @@ def pytest_collection_modifyitems(config, items):
     """Scale max_examples of every hypothesis test when HYPOTHESIS_SOAK > 1 (and run only those)."""
     if _SOAK <= 1:
         return
-    plain = [i for i in items if not getattr(getattr(i, "obj", None), "is_hypothesis_test", False)]
+    plain = [i for i in items if not getattr(getattr(i, "obj", None), "is_hypothesis_test", False)
+             and i.get_closest_marker("soaks_inner_property") is None]
     if plain:  # example-based tests gain nothing from a soak
         config.hook.pytest_deselected(items=plain)
         items[:] = [i for i in items if i not in plain]
@@ -29,7 +30,7 @@ def pytest_collection_modifyitems(config, items):
         fn = getattr(item, "obj", None)
         machine_case = item.cls if hasattr(fn, "_hypothesis_state_machine_class") else None
         key = id(machine_case or fn)
-        if key in seen or not getattr(fn, "is_hypothesis_test", False):
+        if key in seen or not getattr(fn, "is_hypothesis_test", False):  # an inner property scales itself
             continue
         seen.add(key)
         if machine_case is not None:  # a RuleBasedStateMachine.TestCase keeps its settings on the class
