@@ -57,7 +57,7 @@ Attacks that held (asserted below or played once):
 Fixed since: a site agent of a deployed Shamir study waited only `RELEASE_GRACE_S` (2 s) after the t-th
 share of a release for the others, so an aggregator slower than that at a join over fewer than all sites ended
 that run; for such a join it now waits up to a round timeout (`site_fetch.fetch_release`, `join_wait`). Noticed,
-not changed: Two studies over the same data (two study ids) keep two ledgers
+not changed: two studies over the same data (two study ids) keep two ledgers
 and two budgets: the operators' choice, not the analyst's.
 """
 
