@@ -18,7 +18,9 @@ Holes found, each one site's total before the fix:
    before); from fewer, the run ends before any of its steps is answered. Then every aggregator holds every
    set without all sites, and those that released over all sites hold every set: one guard sees all the
    study's sets. Cost: under a threshold scheme a run over fewer than all sites needs every aggregator up at
-   its join (deployed, a site agent waits `site_fetch.RELEASE_GRACE_S` after the t-th share for the rest).
+   its join (deployed, a site agent fetching such a join waits up to a round timeout after the t-th share for
+   the rest, not `site_fetch.RELEASE_GRACE_S`:
+   `test_a_deployed_join_over_fewer_sites_released_late_by_one_aggregator_still_runs_exactly`).
 
 Attacks that held (asserted below or played once):
 
@@ -52,14 +54,16 @@ Attacks that held (asserted below or played once):
   a Federated histogram or the secure AUC's kept round is an exact release of its run's set, so the
   quorum hole above (and its fix) covers them alike (the secure AUC runs under additive or replicated only).
 
-Noticed, not changed: each site agent of a deployed Shamir study waits `RELEASE_GRACE_S` (2 s) after the t-th
-share of a release for the others; an aggregator slower than that at a join over fewer than all sites now ends
-that run (a retry by the analyst is a new run). Two studies over the same data (two study ids) keep two ledgers
+Fixed since: a site agent of a deployed Shamir study waited only `RELEASE_GRACE_S` (2 s) after the t-th
+share of a release for the others, so an aggregator slower than that at a join over fewer than all sites ended
+that run; for such a join it now waits up to a round timeout (`site_fetch.fetch_release`, `join_wait`). Noticed,
+not changed: two studies over the same data (two study ids) keep two ledgers
 and two budgets: the operators' choice, not the analyst's.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 
 import numpy as np
@@ -215,22 +219,82 @@ def test_honest_dropouts_under_shamir_still_run_when_every_aggregator_releases_t
     assert _run_over(fresh, SETS[1], None).contributors == tuple(sorted(SETS[1]))
 
 
+def _deployed_data() -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(5)
+    return {s: {"y": np.r_[0, 1, rng.integers(0, 2, 18)], "score": np.round(rng.random(20), 3)}
+            for s in ("site-a", "site-b", "site-c", "site-d")}
+
+
+THREE = ("site-a", "site-b", "site-c")
+
+
 @pytest.mark.slow
 def test_a_deployed_site_agent_takes_a_join_over_fewer_sites_only_from_every_aggregator(tmp_path) -> None:
     """Real processes, Shamir 2-of-3, dropouts allowed, site-d never started: a run over the other three
     sites runs while every aggregator is up, and ends at its join (at every site, naming the rule) while one
-    is down; a run over every site would still need two aggregators only (the embedded test above)."""
-    rng = np.random.default_rng(5)
-    data = {s: {"y": np.r_[0, 1, rng.integers(0, 2, 18)], "score": np.round(rng.random(20), 3)}
-            for s in ("site-a", "site-b", "site-c", "site-d")}
-    three = ("site-a", "site-b", "site-c")
-    with LocalCluster(tmp_path, data, n_aggregators=3, scheme="shamir", threshold=2, round_timeout_s=30.0,
-                      min_sites=2, policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=list(three)) as cl:
-        with cl.study(round_timeout_s=6.0) as study:  # the sites wait 2 s for a silent aggregator's share
-            assert st.brier_score(study, "y", "score").contributors == three
+    is down: the sites wait a round timeout (10 s here) for its share, then refuse the run's next step; a run
+    over every site would still need two aggregators only (the embedded test above)."""
+    with LocalCluster(tmp_path, _deployed_data(), n_aggregators=3, scheme="shamir", threshold=2,
+                      round_timeout_s=10.0, min_sites=2,
+                      policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=list(THREE)) as cl:
+        # Longer than the sites' wait for a silent share, shorter than the aggregators keep a round open.
+        with cl.study(round_timeout_s=15.0) as study:
+            assert st.brier_score(study, "y", "score").contributors == THREE
             cl.stop_party(cl.aggregator_names[-1])
             with pytest.raises(PolicyError, match="not every aggregator released it"):
                 st.brier_score(study, "y", "score")
+        for site in THREE:
+            assert "not every aggregator released it" in cl.log_text(site)
+
+
+@pytest.mark.slow
+def test_a_deployed_join_over_fewer_sites_released_late_by_one_aggregator_still_runs_exactly(tmp_path) -> None:
+    """Real processes, Shamir 2-of-3, site-d never started: the analyst closes a run's join at aggregators 0
+    and 1, and at aggregator 2 only three grace periods (6 s) later (a slow link or a loaded aggregator).
+    Every site waits for that third share (a join over fewer than all sites is taken in from every aggregator
+    only) rather than ending the run after `RELEASE_GRACE_S`: the run completes at every site, with exactly
+    the result of the same run released by every aggregator at once."""
+    from secagg_roc.deploy.close_order import reserve
+    from secagg_roc.deploy.site_fetch import RELEASE_GRACE_S
+
+    with LocalCluster(tmp_path, _deployed_data(), n_aggregators=3, scheme="shamir", threshold=2,
+                      round_timeout_s=10.0, min_sites=2,
+                      policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=list(THREE)) as cl:
+        # The join waits for site-d until the analyst's timeout (10 s), and its late close (6 s later) must
+        # come before the aggregators drop the round (20 s after it opened).
+        with cl.study(round_timeout_s=10.0) as study:
+            on_time = st.brier_score(study, "y", "score")
+            assert on_time.contributors == THREE
+            close_now, late = study._close, {}
+
+            async def close_join_late(close, deadline):
+                """The analyst's close of the run's join at aggregators 0 and 1 now, at aggregator 2 later."""
+                if late:
+                    return await close_now(close, deadline)
+                study._absent.add(2)
+                try:
+                    replies = await close_now(close, deadline)
+                finally:
+                    study._absent.discard(2)  # the run's later rounds go to every aggregator again
+                released = asyncio.get_running_loop().time()
+
+                async def at_aggregator_2():
+                    await asyncio.sleep(3 * RELEASE_GRACE_S)
+                    await reserve(study.clients[2], close)
+                    await study.clients[2].send(close)
+                    late["delay"] = asyncio.get_running_loop().time() - released
+
+                late["task"] = asyncio.ensure_future(at_aggregator_2())
+                return replies
+
+            study._close = close_join_late
+            again = st.brier_score(study, "y", "score")
+            assert late["delay"] > 3 * RELEASE_GRACE_S  # aggregator 2 released the join that much later
+            assert again.contributors == THREE  # every site took the join in and answered every step
+            assert (float(again), again.log_loss, again.n_records) == \
+                (float(on_time), on_time.log_loss, on_time.n_records)  # exact: the same secure totals
+        for site in THREE:
+            assert "not every aggregator released it" not in cl.log_text(site)
 
 
 @pytest.mark.parametrize("names,error,text", [

@@ -4,7 +4,9 @@ Under a threshold scheme (Shamir t-of-n) a round needs only t aggregators:
 `gather_quorum` runs one call per aggregator at once, each retried on
 transport failures, and returns as soon as every aggregator answered, or
 `grace` seconds after the t-th did; the aggregators still silent then, and
-those that kept failing, are reported as absent. An error reply (a refusal)
+those that kept failing, are reported as absent (`grace` may depend on the
+answers so far: a site fetching a join over fewer than all sites waits longer,
+`site_fetch`). An error reply (a refusal)
 is raised as soon as so many aggregators refused that `need` can no longer
 answer (or, at the end, when fewer than `need` answered); from fewer, it
 counts as that aggregator's absence, so one lying aggregator cannot end a
@@ -29,11 +31,13 @@ class TooFewAggregators(RoundError):
 
 
 async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]], *, need: int, deadline: float,
-                        grace: float, what: str, have: int = 0) -> tuple[dict[int, T], set[int]]:
+                        grace: float | Callable[[dict[int, T]], float], what: str,
+                        have: int = 0) -> tuple[dict[int, T], set[int]]:
     """Run `calls` (aggregator index, call) at once; (index -> result, absent indices), with at least `need`
     results counting `have` answers the caller holds already, or `RoundError` naming the absent aggregators.
-    `deadline` is on the event loop's clock."""
+    `deadline` is on the event loop's clock; `grace` is re-read from the answers after each one comes."""
     loop = asyncio.get_running_loop()
+    wait_more = grace if callable(grace) else (lambda _results: grace)
     tasks = {asyncio.ensure_future(retry(call, deadline=deadline, what=f"{what} at aggregator {j}")): j
              for j, call in calls}
     results: dict[int, T] = {}
@@ -44,7 +48,7 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
     pending = set(tasks)
     try:
         while pending:
-            timeout = None if quorum_at is None else max(0.0, quorum_at + grace - loop.time())
+            timeout = None if quorum_at is None else max(0.0, quorum_at + wait_more(results) - loop.time())
             done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 exc = task.exception()
@@ -62,7 +66,7 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
                 raise refusals[0]  # no quorum can form any more: the round cannot go on as asked
             if quorum_at is None and len(results) + have >= need:
                 quorum_at = loop.time()
-            if quorum_at is not None and loop.time() >= quorum_at + grace:
+            if quorum_at is not None and loop.time() >= quorum_at + wait_more(results):
                 break
     finally:
         for task in pending:

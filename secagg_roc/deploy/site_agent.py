@@ -123,6 +123,8 @@ class SiteAgent(SiteAnswers):
         super().__init__(config, name, seed=seed, state_path=state_path, allow_non_private=allow_non_private,
                          synchronous=synchronous)
         self.poll_wait = poll_wait
+        #: The study's sites: a join released over fewer is waited for from every aggregator (`fetch_release`).
+        self.site_names = frozenset(s.name for s in config.sites)
         ctx = client_ssl_context(config.ca_cert, self.party.cert, self.party.key)
         revoked = RevocationList(config.ca_crl, config.ca_cert)  # an aggregator can be revoked too
         self.clients = [AggregatorClient(a, config.study_id, ctx, ca_file=config.ca_cert, revocations=revoked,
@@ -323,7 +325,8 @@ class SiteAgent(SiteAnswers):
         try:
             shares = await fetch_release(self.clients, query, need=self.scheme.threshold, wait=self.poll_wait,
                                          limit=release_reply_limit(self.config, query), give_up=give_up,
-                                         stopping=lambda: self._stopping)
+                                         stopping=lambda: self._stopping, sites=self.site_names,
+                                         join_wait=self.config.round_timeout_s)
         except SecAggError as exc:  # e.g. the round closed without this site, or was abandoned
             if isinstance(exc, (TransportError, TooFewAggregators)):
                 if not self._stopping:  # a stop is not a failure: the release is fetched after the restart

@@ -19,17 +19,28 @@ count as that aggregator's absence, never as the end of the round:
   aggregators' release shares still combine. Only when so many aggregators
   refuse that no quorum can form does the round bring the site no release
   (`NoRelease`).
+
+Under a threshold scheme the site goes on `RELEASE_GRACE_S` after the t-th
+share, except for a run's join whose shares so far name a contributor set
+without every site of the study: that one is taken in only from every
+aggregator (`plans.site_runs.SiteRuns.on_join_release`), so the site waits
+for the others' shares up to `join_wait` (a round timeout: the analyst closes
+the join everywhere within its round, and the run's next step must still find
+the site's answer, a refusal naming the rule if an aggregator never released
+it, before the aggregators drop that step after two round timeouts). An
+aggregator that refuses is absent at once, as for any round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable
+from typing import Callable, Collection
 
 from ..errors import MessageError, RoundError, SecAggError
 from ..messages import AggregateShare, ForwardedShares, Message, Query, StatusRequest
 from ..queries import lookup
+from ..queries.run import JOIN
 from ..wire import MAX_STR
 from .config_schema import StudyConfig
 from .http import AggregatorClient
@@ -41,7 +52,8 @@ __all__ = ["feed_reply_limit", "release_reply_limit", "site_reply_limit", "fetch
 
 log = logging.getLogger("secagg_roc.site")
 
-#: Seconds a site waits for the other aggregators' shares of a release once `threshold` of them came.
+#: Seconds a site waits for the other aggregators' shares of a release once `threshold` of them came (but see
+#: `fetch_release`'s `join_wait` for a join over fewer than all sites).
 RELEASE_GRACE_S = 2.0
 #: Room for a message's fixed fields, names and framing around its vectors or parameters.
 _SLACK = 64 * 1024
@@ -78,10 +90,13 @@ def release_reply_limit(config: StudyConfig, query: Query) -> int:
 
 
 async def fetch_release(clients: list[AggregatorClient], query: Query, *, need: int, limit: int, wait: float,
-                        give_up: float, stopping: Callable[[], bool]) -> list[Message]:
+                        give_up: float, stopping: Callable[[], bool], sites: Collection[str] = (),
+                        join_wait: float = RELEASE_GRACE_S) -> list[Message]:
     """Every aggregator's share of `query`'s release (`need` of them under a threshold scheme), each read
-    within `limit` bytes, until `give_up` on the loop's clock. `TransportError`/`TooFewAggregators`: gave up for
-    now (try again later); `NoRelease` or another `SecAggError`: the round brings this site no release."""
+    within `limit` bytes, until `give_up` on the loop's clock. Under a threshold scheme the others are waited
+    for `RELEASE_GRACE_S` after the `need`-th share, or `join_wait` for a join whose shares name a set without
+    some of the study's `sites`. `TransportError`/`TooFewAggregators`: gave up for now (try again later);
+    `NoRelease` or another `SecAggError`: the round brings this site no release."""
     number = query.round_id.number
     request = StatusRequest(query.round_id)
     loop = asyncio.get_running_loop()
@@ -128,9 +143,18 @@ async def fetch_release(clients: list[AggregatorClient], query: Query, *, need: 
         finally:
             for f in fetches:
                 f.cancel()
-    try:  # a threshold scheme: `need` aggregators' shares combine; absent ones are not waited for
+    study = frozenset(sites)
+
+    def grace(got: dict[int, Message]) -> float:
+        """Run by the Site: how long to wait for the rest once `need` shares came (`got` so far)."""
+        if query.name == JOIN and any(not study <= set(s.contributors) for s in got.values()
+                                      if isinstance(s, (AggregateShare, ForwardedShares))):
+            return max(RELEASE_GRACE_S, join_wait)  # taken in from every aggregator only: worth the wait
+        return RELEASE_GRACE_S
+
+    try:  # a threshold scheme: `need` aggregators' shares combine; absent ones are waited for `grace` only
         got, _ = await gather_quorum([(j, lambda c=c: one(c)) for j, c in enumerate(clients)], need=need,
-                                     deadline=give_up, grace=RELEASE_GRACE_S, what=f"the release of round {number}")
+                                     deadline=give_up, grace=grace, what=f"the release of round {number}")
     except TooFewAggregators:
         if len(refused) > len(clients) - need:  # so many refuse that no quorum can ever form
             raise NoRelease("; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))) from None
