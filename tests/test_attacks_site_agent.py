@@ -216,8 +216,9 @@ def test_feed_entries_that_are_not_queries_or_name_other_rounds_are_ignored_with
 
 
 #: Fisher steps of the fits under attack. Every round's release to the sites is attacked alike, and with one
-#: aggregator absent each costs the sites `RELEASE_GRACE_S` (2 s) waiting for its share: two steps (six
-#: releases, with the join's and the moments') prove what five (eight) did, in 12 s instead of 17.
+#: aggregator absent each costs the sites `RELEASE_GRACE_S` (2 s) waiting for its share (a join over every
+#: site too; one over fewer waits up to a round timeout for every aggregator's): two steps (six releases,
+#: with the join's and the moments') prove what five (eight) did, in 12 s instead of 17.
 FIT_STEPS = 2
 
 
