@@ -9,6 +9,7 @@ from sklearn.metrics import average_precision_score, precision_recall_curve, roc
 
 import secagg_roc as sr
 from secagg_roc.stats.histogram import ScoreHistogram, bucket_index, equal_width_edges
+from secagg_roc.dp.discrete import discrete_laplace_variance, distdp_total, distdp_variance, polya_share
 
 ANALYSES = ("score_histogram", "secure_auc")
 
@@ -177,6 +178,37 @@ def test_distdp_sums_exact_counts_plus_discrete_laplace_noise():
     assert 3.0 < noise.var() < 25.0
     lo, hi = h.interval("auc", draws=100, rng=np.random.default_rng(0))
     assert lo <= h.auc() <= hi and hi - lo < 0.1
+
+
+@pytest.mark.parametrize("sites", [2, 3, 5, 8])
+@pytest.mark.parametrize("epsilon", [0.3, 1.0, 3.0])
+def test_any_m_minus_one_distdp_shares_are_discrete_laplace_so_each_site_sees_the_others_epsilon_dp(sites, epsilon):
+    # A contributing site takes the release in and knows its own share: what protects the others' counts from it
+    # is the other M-1 shares. They must add up to the discrete Laplace that makes a histogram epsilon-DP
+    # (shares of 1/M, as the papers draw them, left a 2-site study's sites one Polya(1/2) difference apart).
+    rng = np.random.default_rng(sites * 100 + int(10 * epsilon))
+    draws = 100_000
+    others = sum(polya_share((draws,), epsilon, sites, rng) for _ in range(sites - 1))
+    alpha = np.exp(-epsilon / 2)
+    pmf = lambda k: (1 - alpha) / (1 + alpha) * alpha ** np.abs(k)  # noqa: E731  (discrete Laplace)
+    for k in (0, 1, -1, 3):
+        assert abs(np.mean(others == k) - pmf(k)) < 4 * np.sqrt(pmf(k) / draws) + 1e-4, k
+    assert others.var() == pytest.approx(discrete_laplace_variance(epsilon), rel=0.06)
+    total = others + polya_share((draws,), epsilon, sites, rng)  # what the analyst sees: all M shares
+    assert total.var() == pytest.approx(distdp_variance(epsilon, sites), rel=0.06)
+    assert distdp_variance(epsilon, sites) == pytest.approx(discrete_laplace_variance(epsilon) * sites / (sites - 1))
+    simulated = distdp_total((draws,), epsilon, sites, rng)  # the error bars' model of the total
+    assert simulated.var() == pytest.approx(total.var(), rel=0.08)
+
+
+def test_a_distdp_histogram_states_and_simulates_the_noise_its_m_shares_add():
+    rng = np.random.default_rng(12)
+    study, _, _ = dp_study(rng, 2, 300, epsilon=1.0, seed=6)
+    h = sr.score_histogram(study, label="y", score="p", privacy="distdp", epsilon=1.0)
+    assert h.dp["noise_variance_per_cell"] == pytest.approx(2 * discrete_laplace_variance(1.0))  # M = 2: twice
+    zeros = np.zeros(20_000, dtype=np.int64)
+    drawn = np.concatenate(h.noise(zeros, zeros, np.random.default_rng(1)))
+    assert drawn.var() == pytest.approx(h.dp["noise_variance_per_cell"], rel=0.06)
 
 
 def test_dp_histogram_error_falls_with_epsilon_and_sites():

@@ -19,8 +19,9 @@ clipped to it). How they are protected:
   rule within each other group, so that a calibration bin minus the
   histogram's released buckets inside it gives back no small cell.
 * ``histogram.distdp`` (DistDP): exact counts plus this site's Pólya share of
-  discrete Laplace noise (`dp.discrete`), summed securely: only the noisy
-  total exists anywhere. Charged to the site's budget, drawn once per
+  discrete Laplace noise (`dp.discrete`: 1/(M-1) of it, so that the other
+  sites' shares protect their counts from this site), summed securely: only
+  the noisy total exists anywhere. Charged to the site's budget, drawn once per
   contributor set (a repeat over the same set is replayed from the ledger).
 * ``histogram.localdp`` (LocalDP): the sum of the site's records' optimal
   unary encoding reports; each record's report is epsilon-LDP by itself, so

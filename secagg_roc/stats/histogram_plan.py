@@ -9,8 +9,9 @@ divisor of it the analyst asks for) under one of three privacy models
   small cells withheld at each site under the policy's ``min_cell_count`` (so
   the histogram is exact where no site holds a small cell, and always when
   ``min_cell_count = 1``);
-* ``"distdp"``: each site adds a Pólya share of discrete Laplace noise, the
-  total is epsilon-DP (pure), charged to every contributing site;
+* ``"distdp"``: each site adds a Pólya share of discrete Laplace noise, any
+  M-1 of which already make the others' counts epsilon-DP (pure): so is the
+  total, and each site's view of it; charged to every contributing site;
 * ``"localdp"``: each record's cell is randomized by optimal unary encoding
   at its site (epsilon-LDP), the analyst debiases the summed reports.
 
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Generator
 
 import numpy as np
 
-from ..dp.discrete import discrete_laplace, discrete_laplace_variance, oue_debias, oue_probabilities, oue_report_sum
+from ..dp.discrete import distdp_total, distdp_variance, oue_debias, oue_probabilities, oue_report_sum
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import MAX_HISTOGRAM_BINS, Policy
@@ -162,7 +163,7 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
     else:
         params["epsilon"] = args["epsilon"]
     if privacy == "distdp":
-        params["sites"] = len(ctx.run.contributors)  # each site's share of the noise is 1/M of it
+        params["sites"] = len(ctx.run.contributors)  # each site's share is 1/(M-1) of a discrete Laplace
     edges = equal_width_edges(lo, hi, args["bins"])
     if args.get("strategy") == "quantile":
         # Equi-depth: edges from the quantiles of the scores' DP release at the policy's own parameters (the
@@ -180,11 +181,12 @@ def histogram_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
         return ScoreHistogram(edges, neg, pos, withheld=records - int(neg.sum() + pos.sum()), **common)
     eps = float(args["epsilon"])
     if privacy == "distdp":
+        m = len(ctx.run.contributors)
         dp = {"mechanism": "distributed discrete Laplace", "epsilon": eps, "delta": 0.0,
-              "noise_variance_per_cell": discrete_laplace_variance(eps), "l1_sensitivity": 2}
+              "noise_variance_per_cell": distdp_variance(eps, m), "l1_sensitivity": 2}
 
         def noise(n: np.ndarray, p: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-            return n + discrete_laplace(n.shape, eps, rng), p + discrete_laplace(p.shape, eps, rng)
+            return n + distdp_total(n.shape, eps, m, rng), p + distdp_total(p.shape, eps, m, rng)
 
         return ScoreHistogram(edges, neg, pos, dp=dp, noise=noise, **common)
     p_keep, q_flip = oue_probabilities(eps)
