@@ -1,0 +1,106 @@
+"""Red team, round 11: a curious analyst with raw messages against REAL deployed processes (aggregators and
+site agents over mutual TLS, `LocalCluster`), aimed at the newer paths: the join wait of a threshold scheme
+(`site_fetch.fetch_release` ``join_wait``, `plans.site_runs.SiteRuns.on_join_release`), the site agent's
+wait for a previous release, and held releases.
+
+Holes found (each test below failed before its fix):
+
+1. One stalled run stalled every run at a site agent. Under Shamir 2-of-3 with dropouts allowed, the analyst
+   closes a run's join over three of five sites (the other two are no smaller than the policy's cells, so the
+   differencing guard lets it) at two aggregators only, and opens the run's step 1. A site
+   answers step t only once it holds step t-1's release, and it waits for every aggregator's share of such a
+   join up to a round timeout (red team 9's fix). It waited for that release inside `SiteAgent._process`,
+   holding the agent's one lock, and every feed follower processes its entries in order, so no other round of
+   any run was answered for a round timeout (20 s here): an honest run opened meanwhile, with a deadline of 8 s,
+   closed without these sites and failed (one bad run cost every run at the site, not one refusal; the analyst
+   can repeat it for ever). Fixed in `deploy.site_agent`: the wait for a previous release is at most
+   `PREVIOUS_WAIT_S` and outside the lock; a round still waiting is passed over (retried at the next poll)
+   while the follower answers the rounds after it.
+
+Attacks that held (asserted below or played once):
+
+* (to be filled)
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import secagg_roc.stats as st
+from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.messages import CloseRound
+
+SITES = ("site-a", "site-b", "site-c", "site-d", "site-e")
+THREE = SITES[:3]
+
+
+def _data() -> dict[str, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(11)
+    return {s: {"y": np.r_[0, 1, rng.integers(0, 2, 18)], "score": np.round(rng.random(20), 3)} for s in SITES}
+
+
+def _shamir(tmp_path, **kw) -> LocalCluster:
+    return LocalCluster(tmp_path, _data(), n_aggregators=3, scheme="shamir", threshold=2, min_sites=2,
+                        policy={"allow_dropouts": True, "min_cell_count": 1}, **kw)
+
+
+@pytest.mark.slow
+def test_a_run_stalled_at_its_join_does_not_stall_the_other_runs_of_a_site_agent(tmp_path) -> None:
+    """Hole 1. Real processes, Shamir 2-of-3, every site up: the analyst closes run A's join over three of the
+    five sites at aggregators 0 and 1 only, then opens A's step 1. Sites a-c wait (up to the round timeout,
+    20 s) for aggregator 2's share of the join; meanwhile an honest run B over every site, deadline 8 s per
+    round, must still be answered, and give exactly what it gave before the attack."""
+    with _shamir(tmp_path, round_timeout_s=20.0).start() as cl:
+        with cl.study(round_timeout_s=8.0) as honest:
+            before = st.brier_score(honest, "y", "score")
+            assert before.contributors == SITES
+        stalled = threading.Event()
+        outcome: dict[str, object] = {}
+        with cl.study(round_timeout_s=30.0) as bad:
+            open_now, close_now = bad._open, bad._close
+
+            async def open_spy(name, params, frac_bits, deadline):
+                query = await open_now(name, params, frac_bits, deadline)
+                if (params or {}).get("step") == 1:
+                    stalled.set()  # step 1 of run A is open at every aggregator: the sites wait for A's join
+                return query
+
+            async def close_join_at_two(close, deadline):
+                if outcome.get("joined"):
+                    return await close_now(close, deadline)
+                outcome["joined"] = True
+                bad._absent.add(2)  # "down" for the join's close only
+                try:
+                    return await close_now(CloseRound(close.round_id, THREE), deadline)
+                finally:
+                    bad._absent.discard(2)
+
+            bad._open, bad._close = open_spy, close_join_at_two
+
+            def attack() -> None:
+                try:
+                    outcome["result"] = st.brier_score(bad, "y", "score")
+                except Exception as exc:  # the run ends at its join: its step 1 is refused
+                    outcome["error"] = exc
+
+            thread = threading.Thread(target=attack, daemon=True)
+            thread.start()
+            assert stalled.wait(60.0), f"the analyst's run A never reached its step 1: {outcome}"
+            started = time.monotonic()
+            with cl.study(round_timeout_s=8.0) as honest:
+                during = st.brier_score(honest, "y", "score")
+            took = time.monotonic() - started
+            thread.join(120.0)
+            assert not thread.is_alive()
+        assert during.contributors == SITES
+        assert (float(during), during.log_loss, during.n_records) == \
+            (float(before), before.log_loss, before.n_records)
+        assert "error" in outcome and "not every aggregator released it" in str(outcome["error"])
+        assert took < 30.0
+        for site in THREE:
+            assert "not every aggregator released it" in cl.log_text(site)
+            assert "Traceback" not in cl.log_text(site)
