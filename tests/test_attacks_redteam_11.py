@@ -104,3 +104,57 @@ def test_a_run_stalled_at_its_join_does_not_stall_the_other_runs_of_a_site_agent
         for site in THREE:
             assert "not every aggregator released it" in cl.log_text(site)
             assert "Traceback" not in cl.log_text(site)
+
+
+@pytest.mark.slow
+def test_a_join_released_over_other_sets_at_other_aggregators_is_taken_in_nowhere(tmp_path) -> None:
+    """Held. Real processes, Shamir 2-of-3: the analyst closes run A's join over three of five sites at
+    aggregators 0 and 1 (reserved and closed there as usual), and over all five at aggregator 2. The
+    analyst holds the count of each set (the two it could combine anyway). No site takes the join in: sites
+    a-c get three shares naming two sets, which do not combine (`analyst.combine`); sites d and e are refused
+    by aggregators 0 and 1 (not contributors there), so fewer than a quorum release it to them. The run's
+    step 1 is refused, no site's ledger holds a release of run A beyond its join, the sites keep serving
+    (an honest run right after gives exactly what it gave before), and no process logged a traceback."""
+    from secagg_roc.deploy.close_order import reserve
+
+    from deploy_client import site_ledger
+
+    with _shamir(tmp_path, round_timeout_s=8.0).start() as cl:
+        with cl.study(round_timeout_s=8.0) as honest:
+            before = st.brier_score(honest, "y", "score")
+        with cl.study(round_timeout_s=12.0) as bad:
+            open_now, close_now, done = bad._open, bad._close, {}
+
+            async def open_spy(name, params, frac_bits, deadline):
+                done.setdefault("run", (params or {}).get("run"))
+                return await open_now(name, params, frac_bits, deadline)
+
+            async def close_join_two_ways(close, deadline):
+                if "join" in done:
+                    return await close_now(close, deadline)
+                done["join"] = close.round_id.number
+                bad._absent.add(2)
+                try:
+                    replies = await close_now(CloseRound(close.round_id, THREE), deadline)
+                finally:
+                    bad._absent.discard(2)
+                other = CloseRound(close.round_id, SITES)  # every site at aggregator 2
+                await reserve(bad.clients[2], other)
+                await bad.clients[2].send(other)
+                return replies
+
+            bad._open, bad._close = open_spy, close_join_two_ways
+            with pytest.raises(Exception) as refused:
+                st.brier_score(bad, "y", "score")
+        assert "join" in done
+        assert "release" in str(refused.value) or "run" in str(refused.value)
+        for s in SITES:  # no site answered a step of run A after its join
+            ledger = site_ledger(cl, s)
+            steps = {e.step for rel in ledger.exact.values() for e in rel.values() if e.run == done["run"]}
+            assert steps <= {0}, (s, steps)
+        with cl.study(round_timeout_s=8.0) as honest:
+            after = st.brier_score(honest, "y", "score")
+        assert (float(after), after.log_loss, after.n_records, after.contributors) == \
+            (float(before), before.log_loss, before.n_records, before.contributors)
+        for name in (*cl.aggregator_names, *SITES):
+            assert "Traceback" not in cl.log_text(name), name
