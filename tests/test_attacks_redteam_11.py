@@ -158,3 +158,78 @@ def test_a_join_released_over_other_sets_at_other_aggregators_is_taken_in_nowher
             (float(before), before.log_loss, before.n_records, before.contributors)
         for name in (*cl.aggregator_names, *SITES):
             assert "Traceback" not in cl.log_text(name), name
+
+
+@pytest.mark.slow
+def test_a_site_agent_killed_while_it_waits_for_a_joins_last_share_completes_the_run_exactly(tmp_path) -> None:
+    """Held. Real processes, Shamir 2-of-3: a run's join over three of five sites is closed at aggregators 0
+    and 1, and its step 1 opened; site-a, waiting for aggregator 2's share, is killed (SIGKILL) and started
+    again, and only then does aggregator 2 release the join. The restarted agent fetches the join again
+    (it logged its answer, not a release), waits for the third share, takes the join in from every
+    aggregator and answers the run's steps once each: the result is exactly that of the same run closed
+    everywhere at once, and no site's ledger holds a step twice."""
+    from secagg_roc.deploy.close_order import reserve
+
+    from deploy_client import call_as, site_ledger
+
+    def over_three(study, late: dict | None = None):
+        """The analyst closes every run's join over THREE (at aggregators 0 and 1 only, with `late`)."""
+        close_now, open_now = study._close, study._open
+
+        async def close(message, deadline):
+            if message.round_id.number in study_joins:
+                message = CloseRound(message.round_id, THREE)
+                if late is not None:
+                    late["close"] = message
+                    study._absent.add(2)
+                    try:
+                        return await close_now(message, deadline)
+                    finally:
+                        study._absent.discard(2)
+            return await close_now(message, deadline)
+
+        async def open_(name, params, frac_bits, deadline):
+            query = await open_now(name, params, frac_bits, deadline)
+            if (params or {}).get("step") == 0:
+                study_joins.add(query.round_id.number)
+            if late is not None and (params or {}).get("step") == 1:
+                late["run"] = params["run"]
+                stalled.set()
+            return query
+
+        study_joins: set[int] = set()
+        study._close, study._open = close, open_
+
+    stalled = threading.Event()
+    with _shamir(tmp_path, round_timeout_s=30.0).start() as cl:
+        with cl.study(round_timeout_s=10.0) as honest:
+            over_three(honest)
+            before = st.brier_score(honest, "y", "score")
+        assert before.contributors == THREE
+        late: dict = {}
+        with cl.study(round_timeout_s=40.0) as analyst:
+            over_three(analyst, late)
+            thread = threading.Thread(target=lambda: late.setdefault("result", st.brier_score(analyst, "y", "score")),
+                                      daemon=True)
+            thread.start()
+            assert stalled.wait(60.0), "the run never reached its step 1"
+            cl.kill("site-a")
+            cl.start_party("site-a")
+            assert "took in the release" not in cl.log_text("site-a").split("--- starting site-a")[-1]
+
+            async def release_at_2(client):
+                await reserve(client, late["close"])
+                await client.send(late["close"])
+
+            call_as(cl, cl.config.analyst.name, 2, release_at_2)
+            thread.join(120.0)
+            assert not thread.is_alive()
+        again = late["result"]
+        assert (float(again), again.log_loss, again.n_records, again.contributors) == \
+            (float(before), before.log_loss, before.n_records, before.contributors)
+        for site in THREE:
+            ledger = site_ledger(cl, site)
+            steps = [e.step for rel in ledger.exact.values() for e in rel.values() if e.run == late["run"]]
+            assert steps and len(steps) == len(set(steps)), (site, steps)  # each step once (the join is no release)
+            assert "not every aggregator released it" not in cl.log_text(site)
+            assert "Traceback" not in cl.log_text(site)
