@@ -19,7 +19,41 @@ Holes found (each test below failed before its fix):
 
 Attacks that held (asserted below or played once):
 
-* (to be filled)
+* a join released over three of five sites at aggregators 0 and 1 and over all five at aggregator 2: sites
+  a-c get shares naming two sets, which do not combine; sites d and e are refused by two of three aggregators
+  (not contributors there): no site takes the join in, the run's step 1 is refused, no ledger holds a step of
+  it, and the next honest run gives exactly what it gave before
+  (`test_a_join_released_over_other_sets_at_other_aggregators_is_taken_in_nowhere`); the other way round
+  (all five at 0 and 1, three at 2 later than the 2 s grace) the sites run over all five, and aggregator 2's
+  lone share of the three-site set combines with nothing (Shamir 2-of-3, one aggregator at most with the
+  analyst);
+* a site agent killed (SIGKILL) while it waits for a join's last share, started again, and the join released
+  by the last aggregator only then: it fetches the join again, takes it in from every aggregator and answers
+  each step once; the run gives exactly what it gives closed everywhere at once
+  (`test_a_site_agent_killed_while_it_waits_for_a_joins_last_share_completes_the_run_exactly`);
+* a join never released by one aggregator, which then abandons it (two round timeouts): the site's wait ends
+  after one round timeout, and a fetch after that (a restart) counts the abandonment as that aggregator's
+  absence: the run ends at its join, naming the rule (read in `site_fetch`, `quorum.gather_quorum`);
+* a step opened before its previous step was released: refused by every aggregator (`runbook.check_open`),
+  so under additive sharing no site ever waits for a release it cannot fetch; the later steps of a run
+  released by a quorum only wait `site_fetch.RELEASE_GRACE_S` (2 s) for the last share, the join alone a
+  round timeout (hole 1 above);
+* recycled accumulators and mapped held releases (`round.POOLED_SUM_BYTES`, `compaction.Compactor._map_held`):
+  a buffer is handed out again only once the pool holds its only reference (CPython's count: every view,
+  array, message and reply being sent keeps it), the first payload is materialised over the whole
+  accumulator before any other is added (no byte of an earlier sum survives), a mapped release is compared
+  with the held one field by field before it replaces it, and side files are written once under fresh names
+  and unlinked only after the commit that drops their entry (a map stays valid): a repeated close or a late
+  fetch returns the round's own bytes (read; `test_recycled_sums` asserts it in process); a side file
+  swapped or grown under a running aggregator needs its owner's file system, not the analyst's messages;
+* reservations: a held place is checked exactly as its close, holds one set per open round, expires after a
+  round timeout and replays from the log (`test_reservations_replay`); a close over another set than the
+  one held is refused there (`Aggregator.check_close`).
+
+Left as they are: under pairwise masking a site's key agreement runs in its one follower, so a round whose
+key phase waits (up to its deadline, or a round timeout when the policy allows no dropouts) holds up the rounds
+after it at that site: with the one analyst's rounds one at a time this costs nothing, with two analyst clients
+at once it delays the other's; processing a feed's entries concurrently would end it.
 """
 
 from __future__ import annotations
@@ -104,6 +138,7 @@ def test_a_run_stalled_at_its_join_does_not_stall_the_other_runs_of_a_site_agent
         for site in THREE:
             assert "not every aggregator released it" in cl.log_text(site)
             assert "Traceback" not in cl.log_text(site)
+            assert cl.log_text(site).count("waits for the release of round") == 1  # once, not once per poll
 
 
 @pytest.mark.slow
