@@ -24,9 +24,9 @@ Attacks that held (asserted below or played once):
   (not contributors there): no site takes the join in, the run's step 1 is refused, no ledger holds a step of
   it, and the next honest run gives exactly what it gave before
   (`test_a_join_released_over_other_sets_at_other_aggregators_is_taken_in_nowhere`); the other way round
-  (all five at 0 and 1, three at 2 later than the 2 s grace) the sites run over all five, and aggregator 2's
-  lone share of the three-site set combines with nothing (Shamir 2-of-3, one aggregator at most with the
-  analyst);
+  (played once: all five at 0 and 1, three at 2 after the run) the sites run over all five, exactly, and
+  aggregator 2's lone share of the three-site set combines with nothing: 0 and 1 refuse a second release of
+  the round over another set (Shamir 2-of-3: at most one aggregator with the analyst);
 * a site agent killed (SIGKILL) while it waits for a join's last share, started again, and the join released
   by the last aggregator only then: it fetches the join again, takes it in from every aggregator and answers
   each step once; the run gives exactly what it gives closed everywhere at once
