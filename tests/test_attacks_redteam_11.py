@@ -58,6 +58,7 @@ at once it delays the other's; processing a feed's entries concurrently would en
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -82,63 +83,81 @@ def _shamir(tmp_path, **kw) -> LocalCluster:
                         policy={"allow_dropouts": True, "min_cell_count": 1}, **kw)
 
 
+#: Runs the analyst stalls at their join at once (each from its own client) in hole 1.
+STALLED_RUNS = 3
+
+
+def _stalled_run(study, opened: threading.Semaphore, outcome: dict) -> None:
+    """Make `study`'s next run close its join over THREE at aggregators 0 and 1 only; `opened` is released once
+    the run's step 1 is open (the sites then wait for aggregator 2's share of the join)."""
+    open_now, close_now = study._open, study._close
+
+    async def open_spy(name, params, frac_bits, deadline):
+        query = await open_now(name, params, frac_bits, deadline)
+        if (params or {}).get("step") == 1:
+            opened.release()
+        return query
+
+    async def close_join_at_two(close, deadline):
+        if outcome.get("joined"):
+            return await close_now(close, deadline)
+        outcome["joined"] = True
+        study._absent.add(2)  # "down" for the join's close only
+        try:
+            return await close_now(CloseRound(close.round_id, THREE), deadline)
+        finally:
+            study._absent.discard(2)
+
+    study._open, study._close = open_spy, close_join_at_two
+
+
 @pytest.mark.slow
-def test_a_run_stalled_at_its_join_does_not_stall_the_other_runs_of_a_site_agent(tmp_path) -> None:
-    """Hole 1. Real processes, Shamir 2-of-3, every site up: the analyst closes run A's join over three of the
-    five sites at aggregators 0 and 1 only, then opens A's step 1. Sites a-c wait (up to the round timeout,
-    20 s) for aggregator 2's share of the join; meanwhile an honest run B over every site, deadline 8 s per
-    round, must still be answered, and give exactly what it gave before the attack."""
+def test_runs_stalled_at_their_join_do_not_stall_the_other_runs_of_a_site_agent(tmp_path) -> None:
+    """Hole 1. Real processes, Shamir 2-of-3, every site up: the analyst, from three clients at once, closes
+    three runs' joins over three of the five sites at aggregators 0 and 1 only, then opens each run's step 1.
+    Sites a-c wait (up to the round timeout, 20 s) for aggregator 2's shares of the joins; meanwhile an honest
+    run over every site, deadline 8 s per round, must still be answered, and give exactly what it gave before
+    the attack; each stalled run ends at its join (its step 1 refused naming the rule)."""
     with _shamir(tmp_path, round_timeout_s=20.0).start() as cl:
         with cl.study(round_timeout_s=8.0) as honest:
             before = st.brier_score(honest, "y", "score")
             assert before.contributors == SITES
-        stalled = threading.Event()
-        outcome: dict[str, object] = {}
-        with cl.study(round_timeout_s=30.0) as bad:
-            open_now, close_now = bad._open, bad._close
+        opened = threading.Semaphore(0)
+        outcomes: list[dict] = [{} for _ in range(STALLED_RUNS)]
+        with contextlib.ExitStack() as stack:
+            threads = []
+            for outcome in outcomes:
+                bad = stack.enter_context(cl.study(round_timeout_s=30.0))
+                _stalled_run(bad, opened, outcome)
 
-            async def open_spy(name, params, frac_bits, deadline):
-                query = await open_now(name, params, frac_bits, deadline)
-                if (params or {}).get("step") == 1:
-                    stalled.set()  # step 1 of run A is open at every aggregator: the sites wait for A's join
-                return query
+                def attack(bad=bad, outcome=outcome) -> None:
+                    try:
+                        outcome["result"] = st.brier_score(bad, "y", "score")
+                    except Exception as exc:  # the run ends at its join: its step 1 is refused
+                        outcome["error"] = exc
 
-            async def close_join_at_two(close, deadline):
-                if outcome.get("joined"):
-                    return await close_now(close, deadline)
-                outcome["joined"] = True
-                bad._absent.add(2)  # "down" for the join's close only
-                try:
-                    return await close_now(CloseRound(close.round_id, THREE), deadline)
-                finally:
-                    bad._absent.discard(2)
-
-            bad._open, bad._close = open_spy, close_join_at_two
-
-            def attack() -> None:
-                try:
-                    outcome["result"] = st.brier_score(bad, "y", "score")
-                except Exception as exc:  # the run ends at its join: its step 1 is refused
-                    outcome["error"] = exc
-
-            thread = threading.Thread(target=attack, daemon=True)
-            thread.start()
-            assert stalled.wait(60.0), f"the analyst's run A never reached its step 1: {outcome}"
+                threads.append(threading.Thread(target=attack, daemon=True))
+                threads[-1].start()
+            for _ in outcomes:
+                assert opened.acquire(timeout=60.0), f"a stalled run never reached its step 1: {outcomes}"
             started = time.monotonic()
             with cl.study(round_timeout_s=8.0) as honest:
                 during = st.brier_score(honest, "y", "score")
             took = time.monotonic() - started
-            thread.join(120.0)
-            assert not thread.is_alive()
+            for thread in threads:
+                thread.join(120.0)
+                assert not thread.is_alive()
         assert during.contributors == SITES
         assert (float(during), during.log_loss, during.n_records) == \
             (float(before), before.log_loss, before.n_records)
-        assert "error" in outcome and "not every aggregator released it" in str(outcome["error"])
+        for outcome in outcomes:
+            assert "error" in outcome and "not every aggregator released it" in str(outcome["error"]), outcome
         assert took < 30.0
         for site in THREE:
-            assert "not every aggregator released it" in cl.log_text(site)
-            assert "Traceback" not in cl.log_text(site)
-            assert cl.log_text(site).count("waits for the release of round") == 1  # once, not once per poll
+            text = cl.log_text(site)
+            assert text.count("not every aggregator released it") >= STALLED_RUNS
+            assert "Traceback" not in text
+            assert text.count("waits for the release of round") == STALLED_RUNS  # once each, not once per poll
 
 
 @pytest.mark.slow

@@ -17,8 +17,8 @@ the analyst never opened. For each round it then:
    differencing, DP releases computed once and charged to the budget). Before
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
-   step t is (a round whose previous release is not here yet waits `PREVIOUS_WAIT_S`, then is passed over
-   until the feed's next poll: it holds up no other round);
+   step t is (a round whose previous release is not here yet is passed over until the feed's next poll,
+   once that release is in: it holds up no other round);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
@@ -76,25 +76,22 @@ from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
 from .revocation import RevocationList
 from .tls import AuthError, client_ssl_context
 
-__all__ = [
-    "load_site_data",
-    "SiteAgent",
-    "default_state_path",
-    "split_record",
-    "split_mismatch",
-    "read_ledger",
-    "LEDGER_PREFIX",
-]
+__all__ = ["load_site_data", "SiteAgent", "default_state_path", "split_record", "split_mismatch", "read_ledger",
+           "LEDGER_PREFIX"]
 
 log = logging.getLogger("secagg_roc.site")
 
 
 class _Pending(SecAggError):
-    """A round cannot be answered yet (the release it depends on is not here): try again later."""
+    """A round cannot be answered yet (the release it depends on is not here): try again once `task` is done."""
+
+    def __init__(self, text: str, task: asyncio.Task):
+        super().__init__(text)
+        self.task = task
 
 
-#: Seconds a round waits (each time its feed lists it) for the release of its run's previous step, before the
-#: rounds after it are answered: a join over fewer than all sites may wait a round timeout for its last share.
+#: Seconds at most between polls of a feed listing a round that waits for its run's previous release (a join
+#: over fewer than all sites may wait a round timeout for its last share); the rounds after it go on meanwhile.
 PREVIOUS_WAIT_S = 2.0
 #: Releases up to this many ring elements are fetched as soon as a round is answered.
 EAGER_RELEASE_ELEMENTS = 1 << 16
@@ -209,7 +206,7 @@ class SiteAgent(SiteAnswers):
             if next_since < since:
                 since = 0  # the aggregator's log was reset: start over (answers are idempotent)
                 continue
-            waiting = False
+            waiting: list[asyncio.Task] = []
             try:
                 for entry in entries:
                     try:
@@ -218,15 +215,17 @@ class SiteAgent(SiteAnswers):
                         if entry.number not in self._waiting:
                             self._waiting = {n for n in self._waiting if n > entry.number - 4096} | {entry.number}
                             log.info("%s", exc)
-                        waiting = True
+                        waiting.append(exc.task)
             except asyncio.CancelledError:
                 raise
             except Exception:  # e.g. the disk is full: keep following, the entry comes back next time
                 log.exception("could not process the feed of %s; retrying", client.name)
                 await asyncio.sleep(1.0)
                 continue
-            if waiting:
-                await asyncio.sleep(0.5)
+            if waiting:  # poll again once a release waited for is in (or soon: a round may still be opened)
+                live = [t for t in waiting if not t.done()]
+                await (asyncio.wait(live, timeout=PREVIOUS_WAIT_S, return_when=asyncio.FIRST_COMPLETED) if live
+                       else asyncio.sleep(0.05))
                 continue
             since = next_since
 
@@ -293,11 +292,9 @@ class SiteAgent(SiteAnswers):
         if previous is None or previous in self.settled:
             return  # the site's own checks decide (it never answered the previous step, or holds its release)
         task = self._fetch_release(previous)
-        try:  # briefly: the follower answers the rounds after this one meanwhile, and asks again at its next poll
-            await asyncio.wait_for(asyncio.shield(task), PREVIOUS_WAIT_S)
-        except asyncio.TimeoutError:
+        if not task.done():  # not waited for here: the follower answers the rounds after this one meanwhile
             raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
-                           "which this site does not hold yet") from None
+                           "which this site does not hold yet", task)
 
     def forget_rounds(self, numbers: set[int]) -> None:
         """Settled rounds left the log (`site_compaction`): forget which aggregators took their answers and
