@@ -7,15 +7,16 @@ Holes found (each test below failed before its fix):
 
 1. One stalled run stalled every run at a site agent. Under Shamir 2-of-3 with dropouts allowed, the analyst
    closes a run's join over three of five sites (the other two are no smaller than the policy's cells, so the
-   differencing guard lets it) at two aggregators only, and opens the run's step 1. A site
-   answers step t only once it holds step t-1's release, and it waits for every aggregator's share of such a
-   join up to a round timeout (red team 9's fix). It waited for that release inside `SiteAgent._process`,
-   holding the agent's one lock, and every feed follower processes its entries in order, so no other round of
-   any run was answered for a round timeout (20 s here): an honest run opened meanwhile, with a deadline of 8 s,
-   closed without these sites and failed (one bad run cost every run at the site, not one refusal; the analyst
-   can repeat it for ever). Fixed in `deploy.site_agent`: the wait for a previous release is at most
-   `PREVIOUS_WAIT_S` and outside the lock; a round still waiting is passed over (retried at the next poll)
-   while the follower answers the rounds after it.
+   differencing guard lets it) at two aggregators only, and opens the run's step 1. A site answers step t
+   only once it holds step t-1's release, and it waits for every aggregator's share of such a join up to a
+   round timeout (red team 9's fix). It waited for that release inside `SiteAgent._process`, holding the
+   agent's one lock, for up to a round timeout at a time, and every feed follower takes its entries in order:
+   no other round of any run was answered meanwhile (20 s here). An honest run opened then from another
+   analyst client, with a deadline of 8 s a round, went on without sites a-c (over the other two only): one
+   bad run cost every run at those sites, not one refusal, and the analyst could repeat it for ever. Fixed in
+   `deploy.site_agent`: a round whose previous release is not in yet is not waited for (nor under the lock):
+   the follower answers the rounds after it, and polls its feed again as soon as one of the releases waited
+   for is in (at most `PREVIOUS_WAIT_S` later). The test stalls three runs at once, from three clients.
 
 Attacks that held (asserted below or played once):
 

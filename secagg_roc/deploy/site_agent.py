@@ -224,8 +224,12 @@ class SiteAgent(SiteAnswers):
                 continue
             if waiting:  # poll again once a release waited for is in (or soon: a round may still be opened)
                 live = [t for t in waiting if not t.done()]
-                await (asyncio.wait(live, timeout=PREVIOUS_WAIT_S, return_when=asyncio.FIRST_COMPLETED) if live
-                       else asyncio.sleep(0.05))
+                if live:
+                    await asyncio.wait(live, timeout=PREVIOUS_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+                failed = [t.exception() for t in waiting if t.done() and not t.cancelled() and t.exception()]
+                if failed:  # e.g. the disk is full: the release is fetched again next time
+                    log.error("could not take a release in: %s: %s; retrying", type(failed[0]).__name__, failed[0])
+                    await asyncio.sleep(1.0)
                 continue
             since = next_since
 
@@ -248,11 +252,8 @@ class SiteAgent(SiteAnswers):
                     log.info("round %d (%s) offered by %s; answered once %d aggregators offer it", number,
                              message.name, self.clients[source].name, self.offers.need)
                 return
-        if cached is None:  # not under the lock: a round waiting for its previous release holds up no other
-            await self._await_previous(message)
-        async with self._lock:
-            cached = self._cached(message)  # (another follower may have answered it meanwhile)
             if cached is None:
+                self._await_previous(message)  # (`_Pending` if its previous release is not in yet)
                 self._waiting.discard(number)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
                     cached = await self.pairwise.agree(message, self.clients[0])
@@ -282,8 +283,9 @@ class SiteAgent(SiteAnswers):
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
             self._fetch_release(number)
 
-    async def _await_previous(self, query: Query) -> None:
-        """Before step t of a run: take in the release of step t-1 if this site answered it (fetching it now)."""
+    def _await_previous(self, query: Query) -> None:
+        """Before step t of a run: the release of step t-1 must be in if this site answered it (fetched now,
+        and `_Pending` until it is)."""
         found = run_step(query.params)
         if query.name == JOIN or found is None:
             return
