@@ -158,7 +158,8 @@ def test_runs_stalled_at_their_join_do_not_stall_the_other_runs_of_a_site_agent(
             text = cl.log_text(site)
             assert text.count("not every aggregator released it") >= STALLED_RUNS
             assert "Traceback" not in text
-            assert text.count("waits for the release of round") == STALLED_RUNS  # once each, not once per poll
+            # Logged once a round, not once a poll (an honest run's step may wait a moment too, under load).
+            assert STALLED_RUNS <= text.count("waits for the release of round") <= STALLED_RUNS + 2
 
 
 @pytest.mark.slow
