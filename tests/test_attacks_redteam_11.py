@@ -51,7 +51,7 @@ Attacks that held (asserted below or played once):
   round timeout and replays from the log (`test_reservations_replay`); a close over another set than the
   one held is refused there (`Aggregator.check_close`).
 
-Left as they are: under pairwise masking a site's key agreement runs in its one follower, so a round whose
+Left as they are (read, not played): under pairwise masking a site's key agreement runs in its one follower, so a round whose
 key phase waits (up to its deadline, or a round timeout when the policy allows no dropouts) holds up the rounds
 after it at that site: with the one analyst's rounds one at a time this costs nothing, with two analyst clients
 at once it delays the other's; processing a feed's entries concurrently would end it.
