@@ -43,7 +43,7 @@ Attacks that held (asserted below or played once):
   a buffer is handed out again only once the pool holds its only reference (CPython's count: every view,
   array, message and reply being sent keeps it), the first payload is materialised over the whole
   accumulator before any other is added (no byte of an earlier sum survives), a mapped release is compared
-  with the held one field by field before it replaces it, and side files are written once under fresh names
+  with the held one field by field before it replaces it, and side files are written once under fresh random names
   and unlinked only after the commit that drops their entry (a map stays valid): a repeated close or a late
   fetch returns the round's own bytes (read; `test_recycled_sums` asserts it in process); a side file
   swapped or grown under a running aggregator needs its owner's file system, not the analyst's messages;
@@ -51,10 +51,10 @@ Attacks that held (asserted below or played once):
   round timeout and replays from the log (`test_reservations_replay`); a close over another set than the
   one held is refused there (`Aggregator.check_close`).
 
-Left as they are (read, not played): under pairwise masking a site's key agreement runs in its one follower, so a round whose
-key phase waits (up to its deadline, or a round timeout when the policy allows no dropouts) holds up the rounds
-after it at that site: with the one analyst's rounds one at a time this costs nothing, with two analyst clients
-at once it delays the other's; processing a feed's entries concurrently would end it.
+Left as they are (read, not played): under pairwise masking a site's key agreement runs in its one follower,
+so a round whose key phase waits (up to its deadline, or a round timeout when the policy allows no dropouts)
+holds up the rounds after it at that site: with the one analyst's rounds one at a time this costs nothing,
+with two analyst clients at once it delays the other's; processing a feed's entries concurrently would end it.
 """
 
 from __future__ import annotations
