@@ -17,7 +17,8 @@ the analyst never opened. For each round it then:
    differencing, DP releases computed once and charged to the budget). Before
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
-   step t is;
+   step t is (a round whose previous release is not here yet is passed over until the feed's next poll,
+   once that release is in: it holds up no other round);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
@@ -34,15 +35,11 @@ the analyst never opened. For each round it then:
    moves the site's copy of the plan on. The analyst never sends a site
    anything but the rounds.
 
-An aggregator's malformed reply (a bad length, a header over the limit, a
-garbage or wrong-round release, a 5xx, and under a threshold scheme a 4xx
-error reply to a release request) is one log line and counts as that
-aggregator's absence: the site keeps following it, and under a threshold
-scheme the others' release shares still combine. No reply is read beyond
-what an honest aggregator can send (`site_fetch`: a feed, its open rounds'
-queries; a release, one share or, per site, every site's; an acknowledgement,
-1 MiB): a bigger one is refused at its header, as a transport failure
-(`tests/test_attacks_site_agent.py`).
+An aggregator's malformed reply (a bad length, a header over the limit, a garbage or wrong-round release,
+a 5xx, and under a threshold scheme a 4xx error reply to a release request) is one log line and counts as
+that aggregator's absence: the site keeps following it, and under a threshold scheme the others' release
+shares still combine. No reply is read beyond what an honest aggregator can send (`site_fetch`): a bigger
+one is refused at its header, as a transport failure (`tests/test_attacks_site_agent.py`).
 
 Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
 agreement through the one aggregator and followed by the site's one unmask
@@ -79,23 +76,23 @@ from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
 from .revocation import RevocationList
 from .tls import AuthError, client_ssl_context
 
-__all__ = [
-    "load_site_data",
-    "SiteAgent",
-    "default_state_path",
-    "split_record",
-    "split_mismatch",
-    "read_ledger",
-    "LEDGER_PREFIX",
-]
+__all__ = ["load_site_data", "SiteAgent", "default_state_path", "split_record", "split_mismatch", "read_ledger",
+           "LEDGER_PREFIX"]
 
 log = logging.getLogger("secagg_roc.site")
 
 
 class _Pending(SecAggError):
-    """A round cannot be answered yet (the release it depends on is not here): try again later."""
+    """A round cannot be answered yet (the release it depends on is not here): try again once `task` is done."""
+
+    def __init__(self, text: str, task: asyncio.Task):
+        super().__init__(text)
+        self.task = task
 
 
+#: Seconds at most between polls of a feed listing a round that waits for its run's previous release (a join
+#: over fewer than all sites may wait a round timeout for its last share); the rounds after it go on meanwhile.
+PREVIOUS_WAIT_S = 2.0
 #: Releases up to this many ring elements are fetched as soon as a round is answered.
 EAGER_RELEASE_ELEMENTS = 1 << 16
 
@@ -136,6 +133,7 @@ class SiteAgent(SiteAnswers):
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
         self._fetches: dict[int, asyncio.Task] = {}
+        self._waiting: set[int] = set()  # rounds waiting for a previous release (logged once each)
         self._tasks: set[asyncio.Task] = set()
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -208,18 +206,30 @@ class SiteAgent(SiteAnswers):
             if next_since < since:
                 since = 0  # the aggregator's log was reset: start over (answers are idempotent)
                 continue
+            waiting: list[asyncio.Task] = []
             try:
                 for entry in entries:
-                    await self._process(entry, j)
+                    try:
+                        await self._process(entry, j)
+                    except _Pending as exc:  # it comes back with the next poll; the rounds after it go on now
+                        if entry.number not in self._waiting:
+                            self._waiting = {n for n in self._waiting if n > entry.number - 4096} | {entry.number}
+                            log.info("%s", exc)
+                        waiting.append(exc.task)
             except asyncio.CancelledError:
                 raise
-            except _Pending as exc:  # the entry comes back with the next poll
-                log.info("%s", exc)
-                await asyncio.sleep(0.5)
-                continue
             except Exception:  # e.g. the disk is full: keep following, the entry comes back next time
                 log.exception("could not process the feed of %s; retrying", client.name)
                 await asyncio.sleep(1.0)
+                continue
+            if waiting:  # poll again once a release waited for is in (or soon: a round may still be opened)
+                live = [t for t in waiting if not t.done()]
+                if live:
+                    await asyncio.wait(live, timeout=PREVIOUS_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+                failed = [t.exception() for t in waiting if t.done() and not t.cancelled() and t.exception()]
+                if failed:  # e.g. the disk is full: the release is fetched again next time
+                    log.error("could not take a release in: %s: %s; retrying", type(failed[0]).__name__, failed[0])
+                    await asyncio.sleep(1.0)
                 continue
             since = next_since
 
@@ -243,7 +253,8 @@ class SiteAgent(SiteAnswers):
                              message.name, self.clients[source].name, self.offers.need)
                 return
             if cached is None:
-                await self._await_previous(message)
+                self._await_previous(message)  # (`_Pending` if its previous release is not in yet)
+                self._waiting.discard(number)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
                     cached = await self.pairwise.agree(message, self.clients[0])
                 if cached is None:
@@ -272,8 +283,9 @@ class SiteAgent(SiteAnswers):
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
             self._fetch_release(number)
 
-    async def _await_previous(self, query: Query) -> None:
-        """Before step t of a run: take in the release of step t-1 if this site answered it (fetching it now)."""
+    def _await_previous(self, query: Query) -> None:
+        """Before step t of a run: the release of step t-1 must be in if this site answered it (fetched now,
+        and `_Pending` until it is)."""
         found = run_step(query.params)
         if query.name == JOIN or found is None:
             return
@@ -282,11 +294,9 @@ class SiteAgent(SiteAnswers):
         if previous is None or previous in self.settled:
             return  # the site's own checks decide (it never answered the previous step, or holds its release)
         task = self._fetch_release(previous)
-        try:
-            await asyncio.wait_for(asyncio.shield(task), self.config.round_timeout_s)
-        except asyncio.TimeoutError:
+        if not task.done():  # not waited for here: the follower answers the rounds after this one meanwhile
             raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
-                           "which the aggregators do not have yet") from None
+                           "which this site does not hold yet", task)
 
     def forget_rounds(self, numbers: set[int]) -> None:
         """Settled rounds left the log (`site_compaction`): forget which aggregators took their answers and
