@@ -113,3 +113,34 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
             problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
                             f"a bucket where the two grids cross holds fewer than {min_cell} records here")
     return problems
+
+
+def quantile_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
+    """Run by each Site when an exact calibration curve over quantile bins starts: scores of the policy's score
+    role that rank the site's records as the run's score does (an exact copy, a monotone recalibration; all but
+    fewer than a quarter of the records). Each score's quantile edges come from its own DP release, so the two
+    curves bin one order over independent noisy edges that cross at every quantile: the curves difference into
+    the slices between an edge of one and the nearby edge of the other, and a slice of one record gave its
+    label and its score (tests/test_attacks_redteam_10.py). The edges are not known when a run starts (the
+    other score's may never be drawn), so any such pair is refused, whatever the slices would hold."""
+    if policy.min_cell_count <= 1:
+        return []
+    name, label = args.get("score"), args.get("label")
+    if name not in site.arrays or label not in site.arrays:
+        return []
+    a = np.asarray(site.arrays[name])
+    if a.ndim != 1 or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
+        return []
+    a = a.astype(np.float64)
+    roles = policy.roles
+    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
+    problems = []
+    for other in sorted(others):
+        b = np.asarray(site.arrays[other])
+        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
+            continue
+        b = b.astype(np.float64)
+        if _verdict(("quantile order", _digest(a), _digest(b)), lambda: _monotone_part(a, b) is not None):
+            problems.append(f"score {name} ranks the records as {other} does: quantile calibration bins of the "
+                            "two come from two DP releases and cross, so their curves could be differenced")
+    return problems

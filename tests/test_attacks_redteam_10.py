@@ -1,0 +1,127 @@
+"""Red team, round 10: a curious analyst with the library API (embedded `Study.local`; `analyst_spy.Spy` reads
+every released total): DP accounting edges, cut points drawn from DP releases, refusals against the data.
+
+(Docstring completed at the end of the round.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import secagg_roc as sr
+import secagg_roc.stats as st
+from secagg_roc import DPPolicy, Policy
+
+from analyst_spy import Spy
+
+# == helpers ================================================================================================
+
+
+def _determined_cells(curves, n_records: int) -> list[tuple[float, float, float, float, float]]:
+    """What an analyst solves from calibration curves over crossing edges (one scale): every cell of the grid
+    of all their edges that the released bins fix, as (lower, upper, records, label sum, prediction sum).
+
+    Linear algebra on the released bins; a curve's withheld bins together hold the run's record total less its
+    released counts (none: each of them is then empty)."""
+    cuts = sorted({float(e) for c in curves for e in c.edges})
+    cells = list(zip(cuts[:-1], cuts[1:]))
+    rows, rhs = [], []
+    for c in curves:
+        edges = np.asarray(c.edges, dtype=float)
+        count = np.nan_to_num(np.asarray(c.count, dtype=float))
+        labels = count * np.nan_to_num(np.asarray(c.observed, dtype=float))
+        preds = count * np.nan_to_num(np.asarray(c.mean_predicted, dtype=float))
+        withheld = np.zeros(len(cells))
+        for b in range(count.size):
+            inside = np.array([float(lo >= edges[b] and hi <= edges[b + 1]) for lo, hi in cells])
+            if c.released[b]:
+                rows.append(inside)
+                rhs.append((count[b], labels[b], preds[b]))
+            else:
+                withheld += inside
+        rest = n_records - float(np.sum(count[np.asarray(c.released)]))
+        rows.append(withheld)
+        rhs.append((rest, 0.0 if rest == 0 else np.nan, 0.0 if rest == 0 else np.nan))
+    a, b = np.array(rows), np.array(rhs)
+    pinv = np.linalg.pinv(a)
+    out = []
+    for i, (lo, hi) in enumerate(cells):
+        unit = np.zeros(len(cells))
+        unit[i] = 1.0
+        coef = unit @ pinv
+        if np.allclose(coef @ a, unit, atol=1e-8):
+            used = np.abs(coef) > 1e-9
+            vals = coef[used] @ b[used]
+            out.append((lo, hi, *(float(v) for v in vals)))
+    return out
+
+
+# == hole 1: quantile calibration bins of a score and of its copy ============================================
+
+#: Scores on a few values (twelve records each per site, six cases), and one patient alone at TARGET_SCORE.
+VALUES = np.round(np.arange(0.1, 0.95, 0.1), 2)
+TARGET_SCORE = 0.55
+QUANTILE_POLICY = Policy(
+    roles={"label": ["y"], "score": ["p", "p2"]}, calibration_strategy="quantile",
+    analyses=("calibration", "rocglm", "brier"),
+    # A budget of two score releases (a study that fits the ROC-GLM of two models).
+    dp=DPPolicy(epsilon=0.5, delta=1e-5, l2_sensitivity=0.05, budget_epsilon=1.0, budget_delta=1e-4),
+)
+#: Copies of the score (with the map back to its scale) and a study noise seed under which the two releases'
+#: edges fall on either side of the lone patient (for the square, 10 seeds of the first 25 do).
+COPIES = {"exact copy": (np.copy, None, 8), "square": (lambda p: np.round(p ** 2, 10), np.sqrt, 1)}
+
+
+def _quantile_data(target_label: int, copy) -> dict[str, dict[str, np.ndarray]]:
+    data = {}
+    for s in ("h1", "h2", "h3"):
+        p = np.repeat(VALUES, 12)
+        y = np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], VALUES.size)
+        data[s] = {"y": y, "p": p}
+    data["h1"]["p"] = np.r_[data["h1"]["p"], TARGET_SCORE]
+    data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
+    for d in data.values():
+        d["p2"] = copy(d["p"])
+    return data
+
+
+def _play_quantile_curves(target_label: int, copy=np.copy, inverse=None, seed: int = 8):
+    """Both quantile calibration curves; the cells of one to min_cell - 1 records the analyst solves (on p's
+    scale), and the refusal."""
+    study = sr.Study.local(_quantile_data(target_label, copy), policy=QUANTILE_POLICY, seed=seed)
+    spy = Spy(study)
+    first = spy.attempt(st.calibration_curve, "y", "p")
+    second = spy.attempt(st.calibration_curve, "y", "p2") if first is not None else None
+    if first is None or second is None:
+        return [], spy.refusal()
+    if inverse is not None:
+        second.edges = inverse(np.asarray(second.edges, dtype=float))
+        second.mean_predicted = inverse(np.asarray(second.mean_predicted, dtype=float))
+    cells = _determined_cells([first, second], first.n_records)
+    small = [c for c in cells if 1 <= round(c[2]) < QUANTILE_POLICY.min_cell_count]
+    return small, None
+
+
+@pytest.mark.parametrize("copy", sorted(COPIES))
+def test_quantile_calibration_curves_of_a_score_and_its_copy_do_not_give_back_one_patient(copy):
+    """Hole 1: two curves of one order over two releases' edges difference into a slice holding one patient."""
+    seen = [_play_quantile_curves(label, *COPIES[copy]) for label in (0, 1)]
+    for small, _ in seen:
+        assert small == [], f"the analyst isolates a cell of fewer than min_cell records: {small}"
+    assert seen[0][1] == seen[1][1]  # a refusal (if any) whatever the patient's label
+    assert seen[0][1] is None or "ranks the records as" in seen[0][1]
+
+
+def test_quantile_calibration_of_unrelated_scores_and_of_one_score_alone_still_runs():
+    rng = np.random.default_rng(4)
+    data = {}
+    for s in ("h1", "h2", "h3"):
+        p = np.round(0.2 + 0.6 * rng.random(200), 4)
+        data[s] = {"y": (rng.random(200) < p).astype(int), "p": p, "p2": np.round(rng.random(200), 4)}
+    study = sr.Study.local(data, policy=QUANTILE_POLICY, seed=1)
+    for score in ("p", "p2"):
+        curve = st.calibration_curve(study, "y", score)
+        assert curve.released.sum() >= 5
+    alone = {s: {"y": d["y"], "p": d["p"]} for s, d in data.items()}
+    assert st.calibration_curve(sr.Study.local(alone, policy=QUANTILE_POLICY, seed=1), "y", "p").released.any()
