@@ -125,3 +125,27 @@ def test_quantile_calibration_of_unrelated_scores_and_of_one_score_alone_still_r
         assert curve.released.sum() >= 5
     alone = {s: {"y": d["y"], "p": d["p"]} for s, d in data.items()}
     assert st.calibration_curve(sr.Study.local(alone, policy=QUANTILE_POLICY, seed=1), "y", "p").released.any()
+
+
+# == hole 2: DP histograms at an epsilon too small to draw ====================================================
+
+
+def _dp_study(**policy):
+    rng = np.random.default_rng(0)
+    data = {s: {"y": np.r_[np.zeros(30, int), np.ones(30, int)], "p": np.round(rng.random(60), 3)}
+            for s in ("a", "b", "c")}
+    dp = DPPolicy(epsilon=1.0, delta=1e-5, l2_sensitivity=0.1, **policy)
+    return sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["p"]}, dp=dp, histogram_bins=10),
+                          seed=1)
+
+
+@pytest.mark.parametrize("privacy", ["distdp", "localdp"])
+@pytest.mark.parametrize("epsilon", [1e-17, 5e-324, 1e-10])
+def test_a_dp_histogram_at_a_vanishing_epsilon_is_refused_by_the_rule_not_a_raw_error(privacy, epsilon):
+    """Hole 2: DistDP drew with exp(-eps/2) == 1 (numpy's ValueError after the join), LocalDP released pure noise
+    and charged it, then the analyst's debiasing divided by zero (ZeroDivisionError)."""
+    study = _dp_study()
+    with pytest.raises(sr.PolicyError, match="the least a DP histogram may use"):
+        st.score_histogram(study, "y", "p", privacy=privacy, epsilon=epsilon)
+    assert study.ledger("a").summary()["dp_releases"] == 0
+    assert st.score_histogram(study, "y", "p", privacy=privacy, epsilon=1e-6).n_records == 180
