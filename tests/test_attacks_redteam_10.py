@@ -149,3 +149,55 @@ def test_a_dp_histogram_at_a_vanishing_epsilon_is_refused_by_the_rule_not_a_raw_
         st.score_histogram(study, "y", "p", privacy=privacy, epsilon=epsilon)
     assert study.ledger("a").summary()["dp_releases"] == 0
     assert st.score_histogram(study, "y", "p", privacy=privacy, epsilon=1e-6).n_records == 180
+
+
+# == hole 3: risk groups and a recalibration of them, on the uniform grids ====================================
+
+#: Nine risk groups (twelve patients each per site, six cases) and one patient alone in a tenth group (0.35); the
+#: recalibration merges that group with the next one in its bins (0.51 and 0.59) and shifts the ones above.
+GROUPS = np.array([0.05, 0.15, 0.25, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95])
+RECALIBRATED = {0.05: 0.05, 0.15: 0.15, 0.25: 0.25, 0.35: 0.51, 0.45: 0.59, 0.55: 0.65, 0.65: 0.75, 0.75: 0.85,
+                0.85: 0.89, 0.95: 0.97}
+
+
+def _risk_group_data(target_label: int) -> dict[str, dict[str, np.ndarray]]:
+    data = {}
+    for s in ("h1", "h2", "h3"):
+        data[s] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], GROUPS.size), "p": np.repeat(GROUPS, 12)}
+    data["h1"]["p"] = np.r_[data["h1"]["p"], 0.35]
+    data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
+    for d in data.values():
+        d["p2"] = np.array([RECALIBRATED[v] for v in np.round(d["p"], 2)])
+    return data
+
+
+def test_calibration_curves_of_risk_groups_and_their_recalibration_do_not_give_back_one_patient():
+    """Hole 3: `crossing.crossing_copies` left scores of at most ten levels alone ("ties, not an order"), and
+    under a policy with roles no rule judges a score's levels; the two curves (default policy but for the roles)
+    gave the lone patient's label: bin (0.5, 0.6] of p2 less bin (0.4, 0.5] of p, one record."""
+    seen = []
+    for label in (0, 1):
+        study = sr.Study.local(_risk_group_data(label), policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]}))
+        spy = Spy(study)
+        first, second = (spy.attempt(st.calibration_curve, "y", s) for s in ("p", "p2"))
+        if first is None or second is None:
+            seen.append(("refused", spy.refusal()))
+            continue
+        count = second.count[5] - first.count[4]
+        labels = second.count[5] * second.observed[5] - first.count[4] * first.observed[4]
+        seen.append((count, labels))
+    assert seen[0] == seen[1], f"the curves tell the lone patient's label: {seen}"
+    assert "ranks the records as" in seen[0][1]
+
+
+def test_risk_groups_beside_unrelated_or_bucket_keeping_risk_groups_still_run():
+    rng = np.random.default_rng(2)
+    data = {}
+    for s in ("h1", "h2", "h3"):
+        p = rng.choice(GROUPS, 150)
+        data[s] = {"y": (rng.random(150) < p).astype(int), "p": p,
+                   "p2": rng.choice(GROUPS, 150),  # an unrelated model's groups
+                   "p3": np.round(p + 0.02, 2)}  # a recalibration within each group's bin
+    study = sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["p", "p2", "p3"]}))
+    for score in ("p", "p2", "p3"):
+        assert st.calibration_curve(study, "y", score).released.any()

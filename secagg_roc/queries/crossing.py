@@ -100,16 +100,19 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
         b = b.astype(np.float64)
 
         def crossing() -> bool:
-            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
-                return False  # a label or a few risk groups: ties, not an order
+            few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS
+            if few and roles is None:
+                return False  # a label or a few risk groups: every level is judged as a flag (`label_cells`)
             run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
-            if run is None:
+            if run is None or (few and run.size < a.size):
+                # Few levels: ties, not an order, unless every record keeps it (then the levels one score merges
+                # or splits in the other's buckets are cells; a score's levels are no flag `label_cells` judges).
                 return False
             ar, br, yr = a[run], b[run], y[run]
             return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
                        for c in np.unique(yr) for ga in grids for gb in grids)
 
-        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
+        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell, roles is None), crossing):
             problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
                             f"a bucket where the two grids cross holds fewer than {min_cell} records here")
     return problems
@@ -140,7 +143,15 @@ def quantile_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
         if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
             continue
         b = b.astype(np.float64)
-        if _verdict(("quantile order", _digest(a), _digest(b)), lambda: _monotone_part(a, b) is not None):
+        if _verdict(("quantile order", _digest(a), _digest(b)), lambda: _one_order(a, b)):
             problems.append(f"score {name} ranks the records as {other} does: quantile calibration bins of the "
                             "two come from two DP releases and cross, so their curves could be differenced")
     return problems
+
+
+def _one_order(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether `b` ranks the records as `a` does (all but under a quarter of them; every one where either has
+    few levels: ties are no order)."""
+    run = _monotone_part(a, b)
+    few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS
+    return run is not None and (not few or run.size == a.size)
