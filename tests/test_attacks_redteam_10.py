@@ -160,7 +160,7 @@ RECALIBRATED = {0.05: 0.05, 0.15: 0.15, 0.25: 0.25, 0.35: 0.51, 0.45: 0.59, 0.55
                 0.85: 0.89, 0.95: 0.97}
 
 
-def _risk_group_data(target_label: int) -> dict[str, dict[str, np.ndarray]]:
+def _risk_group_data(target_label: int, rescored: int = 0) -> dict[str, dict[str, np.ndarray]]:
     data = {}
     for s in ("h1", "h2", "h3"):
         data[s] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], GROUPS.size), "p": np.repeat(GROUPS, 12)}
@@ -168,16 +168,20 @@ def _risk_group_data(target_label: int) -> dict[str, dict[str, np.ndarray]]:
     data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
     for d in data.values():
         d["p2"] = np.array([RECALIBRATED[v] for v in np.round(d["p"], 2)])
+        d["p2"][:rescored] = 0.97  # patients of the lowest group rescored to the top: out of the order
     return data
 
 
-def test_calibration_curves_of_risk_groups_and_their_recalibration_do_not_give_back_one_patient():
+@pytest.mark.parametrize("rescored", [0, 1, 8])
+def test_calibration_curves_of_risk_groups_and_their_recalibration_do_not_give_back_one_patient(rescored):
     """Hole 3: `crossing.crossing_copies` left scores of at most ten levels alone ("ties, not an order"), and
     under a policy with roles no rule judges a score's levels; the two curves (default policy but for the roles)
-    gave the lone patient's label: bin (0.5, 0.6] of p2 less bin (0.4, 0.5] of p, one record."""
+    gave the lone patient's label: bin (0.5, 0.6] of p2 less bin (0.4, 0.5] of p, one record. Patients rescored
+    out of the order far from it (per site: 1, under the near-order rule's reach; 8) change nothing."""
     seen = []
     for label in (0, 1):
-        study = sr.Study.local(_risk_group_data(label), policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]}))
+        study = sr.Study.local(_risk_group_data(label, rescored),
+                               policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]}))
         spy = Spy(study)
         first, second = (spy.attempt(st.calibration_curve, "y", s) for s in ("p", "p2"))
         if first is None or second is None:

@@ -73,6 +73,78 @@ def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
     return bool(np.any(small))
 
 
+def _bridge_cell(ia: np.ndarray, ib: np.ndarray, y: np.ndarray, min_cell: int) -> bool:
+    """Whether a cell of the cross-table of two binnings of the records, within a class of `y`, holding
+    1..min_cell-1 records and a proper part of a bucket of either with at least min_cell, is fixed by the
+    released buckets once the table's empty cells are known: an edge on no cycle of the graph joining each
+    bucket of one binning to each bucket of the other it shares records with (a bridge), the buckets a site
+    withholds (fewer than min_cell records, or of a class) joined as one (the remainder gives their total).
+    An analyst who knows how one score was made from the other knows which cells are empty. (Risk groups and a
+    recalibration merging a lone patient's group with the next gave its label, records rescored out of the order
+    elsewhere or not: a score's levels are no flag `label_cells` judges under a policy with roles.)"""
+    ia, ib = _withheld_joined(ia, y, min_cell), _withheld_joined(ib, y, min_cell)
+    for c in np.unique(y):
+        ic, jc = ia[y == c], ib[y == c]
+        cells, counts = np.unique(np.column_stack([ic, jc]), axis=0, return_counts=True)
+        na, nb = np.bincount(ic)[cells[:, 0]], np.bincount(jc)[cells[:, 1]]
+        small = (counts < min_cell) & ((counts < na) | (counts < nb)) & (np.maximum(na, nb) >= min_cell)
+        if not small.any():
+            continue
+        _, rows = np.unique(cells[:, 0], return_inverse=True)
+        _, cols = np.unique(cells[:, 1], return_inverse=True)
+        if np.any(small & _bridges(rows.ravel(), cols.ravel() + int(rows.max()) + 1)):
+            return True
+    return False
+
+
+def _withheld_joined(idx: np.ndarray, y: np.ndarray, min_cell: int) -> np.ndarray:
+    """Bucket indices with the buckets of fewer than min_cell records, or of a class, joined as bucket -1
+    (shifted so that all are >= 0)."""
+    size = int(idx.max()) + 1 if idx.size else 0
+    small = np.bincount(idx, minlength=size) < min_cell
+    for c in np.unique(y):
+        n = np.bincount(idx[y == c], minlength=size)
+        small |= (n > 0) & (n < min_cell)
+    return np.where(small[idx], 0, idx + 1)
+
+
+def _bridges(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Which edges (u[k], v[k]) of an undirected graph lie on no cycle (Tarjan's low links, iteratively)."""
+    nodes = int(max(u.max(), v.max())) + 1
+    adjacent: list[list[tuple[int, int]]] = [[] for _ in range(nodes)]
+    for k, (x, y) in enumerate(zip(u.tolist(), v.tolist())):
+        adjacent[x].append((y, k))
+        adjacent[y].append((x, k))
+    order, low = [-1] * nodes, [0] * nodes
+    bridge = np.zeros(u.size, dtype=bool)
+    counter = 0
+    for root in range(nodes):
+        if order[root] >= 0:
+            continue
+        order[root] = low[root] = counter
+        counter += 1
+        stack = [(root, -1, iter(adjacent[root]))]
+        while stack:
+            node, via, edges = stack[-1]
+            for nxt, k in edges:
+                if k == via:
+                    continue
+                if order[nxt] < 0:
+                    order[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append((nxt, k, iter(adjacent[nxt])))
+                    break
+                low[node] = min(low[node], order[nxt])
+            else:
+                stack.pop()
+                if stack:
+                    parent = stack[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                    if low[node] > order[parent]:
+                        bridge[via] = True
+    return bridge
+
+
 def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
     """Run by each Site when a run of an exact binned analysis (Federated histogram, uniform calibration curve,
     secure AUC) starts: scores of the policy's score role that rank the site's records as the run's score does
@@ -103,10 +175,10 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
             few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS
             if few and roles is None:
                 return False  # a label or a few risk groups: every level is judged as a flag (`label_cells`)
+            if few:  # ties, not an order: judged by the cells the two binnings fix (`_bridge_cell`)
+                return any(_bridge_cell(_buckets(a, ga), _buckets(b, gb), y, min_cell) for ga in grids for gb in grids)
             run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
-            if run is None or (few and run.size < a.size):
-                # Few levels: ties, not an order, unless every record keeps it (then the levels one score merges
-                # or splits in the other's buckets are cells; a score's levels are no flag `label_cells` judges).
+            if run is None:
                 return False
             ar, br, yr = a[run], b[run], y[run]
             return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
@@ -150,8 +222,5 @@ def quantile_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
 
 
 def _one_order(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether `b` ranks the records as `a` does (all but under a quarter of them; every one where either has
-    few levels: ties are no order)."""
-    run = _monotone_part(a, b)
-    few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS
-    return run is not None and (not few or run.size == a.size)
+    """Whether `b` ranks the records as `a` does (all but under a quarter of them)."""
+    return _monotone_part(a, b) is not None
