@@ -28,10 +28,10 @@ Holes found (each test failed before its fix):
    `crossing._bridge_cell`: for such scores (under roles) a site refuses when a cell of the two binnings'
    cross-table, within a class, holds 1..min_cell-1 records, is a proper part of a released bucket and is
    fixed by the buckets' counts once the empty cells are known (a bridge of the graph of buckets sharing
-   records; buckets withheld for small counts joined as one). Cost (100 draws each, two 5- or 9-level scores
-   from one latent risk with logit noise sd 0.3 each, 40 % refused before: 0 %): 5 levels at 100 / 300 / 1000
-   records a site 42 / 41 / 1 %, 9 levels 4 / 35 / 17 %; with noise sd 1.0 at most 12 % (5 levels, 100
-   records) and 11 % (9 levels, 300).
+   records; buckets withheld for small counts joined as one). Cost, two honest risk-group scores of one site
+   (100 draws each: 5 or 9 groups of one latent risk, each with logit noise sd 0.3; none refused before):
+   5 groups at 100 / 300 / 1000 records a site 42 / 41 / 1 % refused, 9 groups 4 / 35 / 17 %; with noise
+   sd 1.0 at most 12 % (5 groups, 100 records) and 11 % (9 groups, 300 records).
 
 Attacks that held (asserted below, or played once):
 
