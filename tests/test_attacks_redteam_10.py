@@ -48,6 +48,8 @@ Attacks that held (asserted below, or played once):
 * the Brier bootstrap's replicates: its key leaves out everything the analyst could vary but the array
   names, so fresh replicates need another score or label (the near-copy rules judge those); what the
   replicate totals tell beyond the estimate are cumulants of the pooled squared errors (a mix of all records);
+* hole 1's rule with risk groups whose recalibration rescored a third of each site's patients out of the order
+  (so not in one order, not refused): 20 noise seeds, no cell of 1..min_cell-1 records solved;
 * refusals of the new rules name the two scores and the rule, never a count (one text whatever the patient's
   label, asserted for holes 1 and 3).
 
