@@ -52,6 +52,9 @@ REL_TOL = 1e-9
 #: nothing, such a fit visits coefficients far apart, and a few runs at 60-125x the policy's noise determined
 #: the pooled per-threshold counts of the positives' exact scores (tests/test_attacks_newton.py).
 MAX_NOISE_FACTOR = 8.0
+#: The least epsilon of a DP histogram: below it exp(-epsilon / 2) nears 1 (the draw failed), the noise nears the
+#: ring's range and unary encoding's p - q vanishes (tests/test_attacks_redteam_10.py).
+MIN_PURE_EPSILON = 1e-9
 
 
 def _positive(value: Any, what: str) -> float:
@@ -356,6 +359,9 @@ class Policy:
                 "a study's sites must state dp.epsilon, dp.delta and dp.l2_sensitivity first"
             )
         eps = self.dp.epsilon if epsilon is None else _positive(epsilon, "epsilon")
+        if eps < MIN_PURE_EPSILON:
+            raise PolicyError(f"policy: epsilon {eps:g} is below {MIN_PURE_EPSILON:g}, the least a DP histogram "
+                              "may use (its noise could not be drawn as declared)")
         if eps > self.dp.epsilon * (1 + REL_TOL):
             raise PolicyError(f"policy: epsilon {eps:g} exceeds the per-release maximum dp.epsilon = {self.dp.epsilon:g}")
         return eps

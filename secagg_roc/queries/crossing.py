@@ -73,6 +73,78 @@ def _split_bucket(ia: np.ndarray, ib: np.ndarray, min_cell: int) -> bool:
     return bool(np.any(small))
 
 
+def _bridge_cell(ia: np.ndarray, ib: np.ndarray, y: np.ndarray, min_cell: int) -> bool:
+    """Whether a cell of the cross-table of two binnings of the records, within a class of `y`, holding
+    1..min_cell-1 records and a proper part of a bucket of either with at least min_cell, is fixed by the
+    released buckets once the table's empty cells are known: an edge on no cycle of the graph joining each
+    bucket of one binning to each bucket of the other it shares records with (a bridge), the buckets a site
+    withholds (fewer than min_cell records, or of a class) joined as one (the remainder gives their total).
+    An analyst who knows how one score was made from the other knows which cells are empty. (Risk groups and a
+    recalibration merging a lone patient's group with the next gave its label, records rescored out of the order
+    elsewhere or not: a score's levels are no flag `label_cells` judges under a policy with roles.)"""
+    ia, ib = _withheld_joined(ia, y, min_cell), _withheld_joined(ib, y, min_cell)
+    for c in np.unique(y):
+        ic, jc = ia[y == c], ib[y == c]
+        cells, counts = np.unique(np.column_stack([ic, jc]), axis=0, return_counts=True)
+        na, nb = np.bincount(ic)[cells[:, 0]], np.bincount(jc)[cells[:, 1]]
+        small = (counts < min_cell) & ((counts < na) | (counts < nb)) & (np.maximum(na, nb) >= min_cell)
+        if not small.any():
+            continue
+        _, rows = np.unique(cells[:, 0], return_inverse=True)
+        _, cols = np.unique(cells[:, 1], return_inverse=True)
+        if np.any(small & _bridges(rows.ravel(), cols.ravel() + int(rows.max()) + 1)):
+            return True
+    return False
+
+
+def _withheld_joined(idx: np.ndarray, y: np.ndarray, min_cell: int) -> np.ndarray:
+    """Bucket indices with the buckets of fewer than min_cell records, or of a class, joined as bucket -1
+    (shifted so that all are >= 0)."""
+    size = int(idx.max()) + 1 if idx.size else 0
+    small = np.bincount(idx, minlength=size) < min_cell
+    for c in np.unique(y):
+        n = np.bincount(idx[y == c], minlength=size)
+        small |= (n > 0) & (n < min_cell)
+    return np.where(small[idx], 0, idx + 1)
+
+
+def _bridges(u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Which edges (u[k], v[k]) of an undirected graph lie on no cycle (Tarjan's low links, iteratively)."""
+    nodes = int(max(u.max(), v.max())) + 1
+    adjacent: list[list[tuple[int, int]]] = [[] for _ in range(nodes)]
+    for k, (x, y) in enumerate(zip(u.tolist(), v.tolist())):
+        adjacent[x].append((y, k))
+        adjacent[y].append((x, k))
+    order, low = [-1] * nodes, [0] * nodes
+    bridge = np.zeros(u.size, dtype=bool)
+    counter = 0
+    for root in range(nodes):
+        if order[root] >= 0:
+            continue
+        order[root] = low[root] = counter
+        counter += 1
+        stack = [(root, -1, iter(adjacent[root]))]
+        while stack:
+            node, via, edges = stack[-1]
+            for nxt, k in edges:
+                if k == via:
+                    continue
+                if order[nxt] < 0:
+                    order[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append((nxt, k, iter(adjacent[nxt])))
+                    break
+                low[node] = min(low[node], order[nxt])
+            else:
+                stack.pop()
+                if stack:
+                    parent = stack[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                    if low[node] > order[parent]:
+                        bridge[via] = True
+    return bridge
+
+
 def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
     """Run by each Site when a run of an exact binned analysis (Federated histogram, uniform calibration curve,
     secure AUC) starts: scores of the policy's score role that rank the site's records as the run's score does
@@ -100,8 +172,11 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
         b = b.astype(np.float64)
 
         def crossing() -> bool:
-            if min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS:
-                return False  # a label or a few risk groups: ties, not an order
+            few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS
+            if few and roles is None:
+                return False  # a label or a few risk groups: every level is judged as a flag (`label_cells`)
+            if few:  # ties, not an order: judged by the cells the two binnings fix (`_bridge_cell`)
+                return any(_bridge_cell(_buckets(a, ga), _buckets(b, gb), y, min_cell) for ga in grids for gb in grids)
             run = _monotone_part(a, b)  # (records off it only blur the parts it gives back)
             if run is None:
                 return False
@@ -109,7 +184,43 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
             return any(_split_bucket(_buckets(ar[yr == c], ga), _buckets(br[yr == c], gb), min_cell)
                        for c in np.unique(yr) for ga in grids for gb in grids)
 
-        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell), crossing):
+        if _verdict(("cross", _digest(a), _digest(b), _digest(y), tuple(grids), min_cell, roles is None), crossing):
             problems.append(f"score {name} ranks the records as {other} does but buckets them otherwise: a part of "
                             f"a bucket where the two grids cross holds fewer than {min_cell} records here")
     return problems
+
+
+def quantile_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
+    """Run by each Site when an exact calibration curve over quantile bins starts: scores of the policy's score
+    role that rank the site's records as the run's score does (an exact copy, a monotone recalibration; all but
+    fewer than a quarter of the records). Each score's quantile edges come from its own DP release, so the two
+    curves bin one order over independent noisy edges that cross at every quantile: the curves difference into
+    the slices between an edge of one and the nearby edge of the other, and a slice of one record gave its
+    label and its score (tests/test_attacks_redteam_10.py). The edges are not known when a run starts (the
+    other score's may never be drawn), so any such pair is refused, whatever the slices would hold."""
+    if policy.min_cell_count <= 1:
+        return []
+    name, label = args.get("score"), args.get("label")
+    if name not in site.arrays or label not in site.arrays:
+        return []
+    a = np.asarray(site.arrays[name])
+    if a.ndim != 1 or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
+        return []
+    a = a.astype(np.float64)
+    roles = policy.roles
+    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
+    problems = []
+    for other in sorted(others):
+        b = np.asarray(site.arrays[other])
+        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
+            continue
+        b = b.astype(np.float64)
+        if _verdict(("quantile order", _digest(a), _digest(b)), lambda: _one_order(a, b)):
+            problems.append(f"score {name} ranks the records as {other} does: quantile calibration bins of the "
+                            "two come from two DP releases and cross, so their curves could be differenced")
+    return problems
+
+
+def _one_order(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether `b` ranks the records as `a` does (all but under a quarter of them)."""
+    return _monotone_part(a, b) is not None

@@ -31,7 +31,7 @@ import numpy as np
 from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
-from ..queries.crossing import crossing_copies
+from ..queries.crossing import crossing_copies, quantile_copies
 from ..queries.groups import policy_pool, small_groups
 from ..queries.label_cells import EVERY
 from .binning import bin_edges, quantile_edges
@@ -258,8 +258,11 @@ def _calibration_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
 
 
 def _calibration_crossing(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
-    # Uniform bins of a score and of a recalibrated copy of it are one score's over crossing bins.
-    return [] if args.get("strategy") == "quantile" else crossing_copies(data, args, policy)
+    # Uniform bins of a score and of a recalibrated copy of it are one score's over crossing bins; quantile
+    # bins of two scores in one order come from two DP releases and always cross (exact scores: nothing to hide).
+    if args.get("strategy") == "quantile":
+        return [] if args.get("mode") == "non-private" else quantile_copies(data, args, policy)
+    return crossing_copies(data, args, policy)
 
 
 @plan("calibration", declare=_calibration_declare, uses=label_score_uses, min_records=_calibration_min_records,
