@@ -59,9 +59,10 @@ Noticed, not fixed:
   by `crossing_copies` (its run needs three quarters); whether the two binnings' slices then isolate a record
   was not played to the end (the bridge rule of hole 3 would judge them, at a cost not measured);
 * DistDP under the honest-but-curious sites of DESIGN.md: a site takes in the released histogram to verify
-  the run and knows its own noise share, so it sees the other sites' counts with M - 1 of the M Polya shares
-  (for M = 2, Polya(1/2) differences: weaker than the epsilon the policy states). The protocol file assumes
-  sites do not collude with the analyst; it does not say what a site itself learns.
+  the run and knows its own noise share, so it saw the other sites' counts with M - 1 of the M Polya shares
+  (for M = 2, one Polya(1/2) difference: weaker than the epsilon the policy states). Fixed by the lead in the
+  same session (`dp.discrete.polya_share`: shares of 1/(M-1), any M - 1 of which make a discrete Laplace;
+  `tests/test_histograms.py`).
 """
 
 from __future__ import annotations
