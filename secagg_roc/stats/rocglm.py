@@ -25,7 +25,7 @@ Accuracy under DP: the paper's classic calibration at its recommended
 settings adds noise with standard deviation 0.11-0.19 to scores in [0, 1]. In
 the paper's simulation design that moves the distributed AUC by 0.007-0.017
 from the pooled one on average, growing with the l2-sensitivity; the analytic
-mechanism at the same (epsilon, delta) needs 5-7 times less noise and stays
+mechanism at the same (epsilon, delta) needs 4-6 times less noise and stays
 within 0.003 (``benchmarks/dp_auc_gap.py``), so it is the default here;
 ``mechanism="classic"`` reproduces the paper.
 
