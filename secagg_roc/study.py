@@ -38,6 +38,10 @@ class Study(abc.ABC):
     #: True for the plaintext trusted-host baseline: one host sees every site's values, and every
     #: result of the study is labelled non-private (`plans.runner.run_analysis`).
     trusted_host: bool = False
+    #: Whether the aggregators compute jointly on kept sums (`release_mpc`: the secure AUC). A run of such an
+    #: analysis is refused before its join where they do not, so that no site joins (and logs) a run that
+    #: cannot finish.
+    joint_computations: bool = False
 
     @property
     def privacy_level(self) -> int:
@@ -136,6 +140,8 @@ class LocalStudy(Study):
     system); `scheme` (with `n_aggregators` and Shamir's `threshold`) picks the threat model, as in
     `LocalFederation`; ``scheme="plaintext"`` runs the non-private trusted-host baseline.
     """
+
+    joint_computations = True
 
     def __init__(
         self,

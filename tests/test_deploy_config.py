@@ -102,7 +102,7 @@ def test_every_key_round_trips(tmp_path: Path) -> None:
 FULL_POLICY = {
     "min_cell_count": 3, "allow_dropouts": True, "allow_non_private": True,
     "analyses": ["rocglm", "brier", "calibration", "sensitivity"], "score_range": [-1, 2.5],
-    "calibration_bins": 8, "rocglm_thresholds": 25, "sensitivity_resolution": 0.001,
+    "calibration_bins": 8, "rocglm_thresholds": 25, "sensitivity_resolution": 0.001, "histogram_bins": 200,
     "roles": {"label": ["y"], "score": "pred", "covariate": ["X", "age"]},
     "dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 0.05, "mechanism": "classic",
            "budget_epsilon": 1.5, "budget_delta": 0.6, "accounting": "basic"},
@@ -116,7 +116,7 @@ def test_the_policy_table_round_trips(tmp_path: Path) -> None:
     config = write_study(data, tmp_path / "study.toml")
     expected = Policy(privacy_level=7, min_sites=2, min_cell_count=3, allow_dropouts=True, allow_non_private=True,
                       analyses=("rocglm", "brier", "calibration", "sensitivity"), score_range=(-1.0, 2.5),
-                      calibration_bins=8, rocglm_thresholds=25, sensitivity_resolution=0.001,
+                      calibration_bins=8, rocglm_thresholds=25, sensitivity_resolution=0.001, histogram_bins=200,
                       roles={"label": ("y",), "score": ("pred",), "covariate": ("X", "age")},
                       dp=DPPolicy(0.5, 0.3, 0.05, mechanism="classic", budget_epsilon=1.5, budget_delta=0.6,
                                   accounting="basic"))
@@ -133,6 +133,18 @@ def test_the_policy_table_round_trips(tmp_path: Path) -> None:
     assert loop.policy == expected and loop.privacy_level == 7
     with pytest.raises(ConfigError, match="privacy_level = 3 differs from the policy's 7"):
         loopback_study(tmp_path / "lb2", ["h1", "h2"], 2, [7001, 7002], policy=expected, privacy_level=3)
+
+
+def test_every_policy_field_the_writer_writes_the_reader_takes() -> None:
+    # `policy_table` writes whatever `Policy.to_dict` holds; a field the reader did not take made every study
+    # file written from such a policy unreadable (histogram_bins, until the eleventh session).
+    from secagg_roc.deploy.config_policy import DP_KEYS, POLICY_IN_STUDY, POLICY_KEYS
+
+    policy = Policy(roles={"label": ("y",), "score": ("p",)}, histogram_bins=64, calibration_strategy="quantile",
+                    dp=DPPolicy(0.5, 0.3, 0.05, budget_epsilon=2.0, budget_delta=0.6))
+    written = policy.to_dict()
+    assert set(written) - set(POLICY_IN_STUDY) <= set(POLICY_KEYS)
+    assert set(written["dp"]) <= set(DP_KEYS)
 
 
 def test_a_study_config_agrees_with_its_policy(tmp_path: Path) -> None:
@@ -276,7 +288,11 @@ INVALID = [
     (_set("policy", "strict"), "policy: must be a table, got a string"),
     (_set("policy", {"privacy_level": 5}), "policy.privacy_level: is set once, as study.privacy_level"),
     (_set("policy", {"min_sites": 3}), "policy.min_sites: is set once, as study.min_sites"),
-    (_set("policy", {"min_cel_count": 3}), "policy: unknown key 'min_cel_count' (known keys here: "),
+    # (the known keys are named whichever optional ones the file sets)
+    (_set("policy", {"min_cel_count": 3}), "policy: unknown key 'min_cel_count' (known keys here: allow_dropouts, "
+     "allow_non_private, analyses, calibration_bins, calibration_strategy, dp, histogram_bins, min_cell_count, "
+     "roc"),
+    (_set("policy", {"histogram_bins": 0}), "policy.histogram_bins: must be between 1 and 1048576, got 0"),
     (_set("policy", {"min_cell_count": 0}), "policy.min_cell_count: must be at least 1, got 0"),
     (_set("study.handshake_timeout_s", 0), "study.handshake_timeout_s: must be a finite number > 0, got 0.0"),
     (_set("study.handshake_timeout_s", 600), "study.handshake_timeout_s: must be at most 120 s"),
@@ -298,7 +314,8 @@ INVALID = [
     (_set("policy", {"dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 1.0, "mechanism": "laplace"}}),
      "policy.dp.mechanism: must be one of 'analytic', 'classic', got 'laplace'"),
     (_set("policy", {"dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 1.0, "budget": 2.0}}),
-     "policy.dp: unknown key 'budget' (known keys here: "),
+     "policy.dp: unknown key 'budget' (known keys here: accounting, budget_delta, budget_epsilon, delta, epsilon, "
+     "l2_sensitivity, mechanism)"),
 ]
 
 

@@ -103,6 +103,23 @@ def test_an_aggregator_without_joint_computation_opens_no_kept_round():
         plain.open(query)
 
 
+def test_a_study_without_joint_computation_refuses_the_secure_auc_before_any_site_joins():
+    # A deployed study's aggregators do not compute jointly on kept sums: the run used to go as far as its join
+    # (every site logging the join's release in its ledger) before the first joint round was refused.
+    from secagg_roc.study import LocalStudy
+
+    class WithoutJoint(LocalStudy):
+        joint_computations = False
+
+    rng = np.random.default_rng(4)
+    study, _, _ = make_study(rng, [30, 30])
+    plain = WithoutJoint({n: d.arrays for n, d in study.site_data.items()}, policy=study.policy, transcripts=True)
+    with pytest.raises(sr.PolicyError, match="do not run joint computations on kept sums"):
+        sr.secure_auc(plain, label="y", score="p")
+    assert list(plain.transcript("analyst")) == []  # not even the join was sent
+    assert all(plain.ledger(s).exact_counts == {} for s in plain.sites)
+
+
 def test_the_plan_needs_the_policy_and_the_grid():
     rng = np.random.default_rng(6)
     study, _, _ = make_study(rng, [30, 30])

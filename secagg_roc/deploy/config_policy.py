@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from ..errors import PolicyError
-from ..policy import ACCOUNTING, MECHANISMS, ROLES as POLICY_ROLES, DPPolicy, Policy
+from ..policy import ACCOUNTING, MAX_HISTOGRAM_BINS, MECHANISMS, ROLES as POLICY_ROLES, DPPolicy, Policy
 from .config_table import REQUIRED, TomlTable
 
 __all__ = ["POLICY_IN_STUDY", "read_policy", "policy_table"]
@@ -21,6 +21,12 @@ __all__ = ["POLICY_IN_STUDY", "read_policy", "policy_table"]
 
 #: `Policy` fields the [policy] table takes (q and min_sites are [study] keys).
 POLICY_IN_STUDY = ("privacy_level", "min_sites")
+#: The keys of ``[policy]`` and ``[policy.dp]``, all optional but epsilon, delta and l2_sensitivity in ``dp``
+#: (named in the error for an unknown key, whichever of them a file sets).
+POLICY_KEYS = ("min_cell_count", "allow_dropouts", "allow_non_private", "analyses", "roles", "score_range",
+               "calibration_bins", "calibration_strategy", "rocglm_thresholds", "sensitivity_resolution",
+               "histogram_bins", "dp")
+DP_KEYS = ("epsilon", "delta", "l2_sensitivity", "mechanism", "accounting", "budget_epsilon", "budget_delta")
 
 
 def read_policy(top: TomlTable, privacy_level: int, min_sites: int) -> Policy:
@@ -67,6 +73,8 @@ def read_policy(top: TomlTable, privacy_level: int, min_sites: int) -> Policy:
         fields["rocglm_thresholds"] = p.integer("rocglm_thresholds", REQUIRED, lo=3, hi=10_000)
     if "sensitivity_resolution" in p.data:
         fields["sensitivity_resolution"] = p.number("sensitivity_resolution", REQUIRED)
+    if "histogram_bins" in p.data:  # (`policy_table` writes it when it is not the default)
+        fields["histogram_bins"] = p.integer("histogram_bins", REQUIRED, lo=1, hi=MAX_HISTOGRAM_BINS)
     if "dp" in p.data:
         d = p.table("dp")
         dp: dict[str, Any] = {
@@ -80,12 +88,12 @@ def read_policy(top: TomlTable, privacy_level: int, min_sites: int) -> Policy:
             dp["budget_epsilon"] = d.number("budget_epsilon", REQUIRED)
         if "budget_delta" in d.data:
             dp["budget_delta"] = _unit(d, "budget_delta")
-        d.finish()
+        d.finish(DP_KEYS)
         try:
             fields["dp"] = DPPolicy(**dp)
         except PolicyError as exc:
             raise d.error(str(exc).removeprefix("policy: "), key=None) from None
-    p.finish()
+    p.finish(POLICY_KEYS)
     try:
         return Policy(**fields)
     except PolicyError as exc:

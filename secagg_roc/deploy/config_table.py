@@ -140,11 +140,12 @@ class TomlTable:
         """The sub-table `key`."""
         return TomlTable(self.raw(key), f"{self.where}.{key}" if self.where else key, self.origin, self.base)
 
-    def finish(self) -> None:
-        """Refuse any key of this table that was never read."""
+    def finish(self, known: Sequence[str] = ()) -> None:
+        """Refuse any key of this table that was never read, naming the keys it takes: `known` (a table whose
+        optional keys are read only when present) and those read."""
         unknown = sorted(set(self.data) - self.used)
         if unknown:
-            known = ", ".join(sorted(self.used))
+            known = ", ".join(sorted(self.used | set(known)))
             raise self.error(f"unknown key {unknown[0]!r} (known keys here: {known})", key=None)
 
 

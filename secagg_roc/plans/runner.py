@@ -17,6 +17,7 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any, Mapping
 
+from ..errors import PolicyError
 from ..queries.run import JOIN
 from ..mpc.joint import JOINT_ANALYSES, check_joint_scheme
 from .base import PlanContext, RunInfo, checked_step, declared, get_plan
@@ -40,8 +41,12 @@ def run_analysis(study: "Study", analysis: str, args: Mapping[str, Any]) -> Any:
     plan = get_plan(analysis)
     policy = study.policy
     federation = getattr(study, "federation", None)
-    if plan.name in JOINT_ANALYSES and federation is not None:  # refused before the join releases anything
-        check_joint_scheme(federation.scheme)
+    if plan.name in JOINT_ANALYSES:  # refused before the join releases anything
+        if not getattr(study, "joint_computations", False):
+            raise PolicyError(f"{analysis}: this study's aggregators do not run joint computations on kept sums; "
+                              "only the embedded study does so far")
+        if federation is not None:
+            check_joint_scheme(federation.scheme)
     args = declared(plan, policy, args)
     queries = plan.run_queries(policy, args)
     run = secrets.token_hex(8)
