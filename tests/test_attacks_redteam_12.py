@@ -17,6 +17,17 @@ Holes found:
    warning logged each time). Fixed in `deploy.site_agent`: `_get_release` says whether it gave up, and a follower whose
    waited-for fetch gave up polls again a second later, as after a failed take-in.
 
+3. The crossing rules judged other buckets than the calibration curve releases. `crossing._buckets` bucketed
+   every grid left-closed over the policy's score range; the uniform curve bins right-closed tenths of [0, 1]
+   (R's ``cut``), of the scores clipped to the range. Under a policy without histograms (calibration and
+   brier), nine risk groups and a lone patient exactly on an edge (0.4: bin (0.3, 0.4]) whom the recalibration
+   merges with the group at 0.45: the rule saw the patient in bucket [0.4, 0.5) with that group, nothing split,
+   and bin (0.5, 0.6] of p2 less bin (0.4, 0.5] of p gave its label. Likewise under a score range of [0, 0.5]
+   (the rule judged twentieths, the curve releases tenths). Fixed in `crossing._grids`/`_buckets`: each grid is
+   bucketed exactly as its release buckets it (`bin_index` for the curve, `bucket_index` for the histogram, and
+   `nested_index`'s rule where the histogram's buckets nest in the calibration bins). Cost: none measured (the
+   rules see the bins the analyst sees; the existing attack and calibration suites pass unchanged).
+
 Holes found, not fixed (strict xfail below):
 
 2. Risk groups beside a recalibration of them, red team 10's hole 3 with eleven or more levels and just over a
@@ -221,6 +232,77 @@ def test_risk_groups_of_eleven_levels_a_quarter_rescored_do_not_give_back_one_pa
     less bin (0.4, 0.5] of p is the lone patient, with its label."""
     seen = _curves_of_risk_groups(34)
     assert seen[0] == seen[1], f"the curves tell the lone patient's label: {seen}"
+
+
+# == hole 3: the crossing rules judged other buckets than the calibration curve releases ======================
+
+#: Risk groups (twelve patients each per site, six cases) and one patient alone, each case with its
+#: recalibration merging the lone patient with the group above it in one calibration bin.
+EDGE_CASES = {
+    # the lone patient ON an edge (0.4): the curve's bin (0.3, 0.4], the rule's old bucket [0.4, 0.5) beside the
+    # group at 0.45; a policy without histograms (the histogram grid would have judged it)
+    "a score on a calibration edge": (
+        np.array([0.05, 0.15, 0.25, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95]), 0.4,
+        {0.05: 0.05, 0.15: 0.15, 0.25: 0.25, 0.4: 0.55, 0.45: 0.55, 0.55: 0.65, 0.65: 0.75, 0.75: 0.85,
+         0.85: 0.89, 0.95: 0.97}, {}, (5, 4)),
+    # a score range of [0, 0.5]: the curve's bins are still tenths of [0, 1], the rule's were twentieths
+    "a score range narrower than [0, 1]": (
+        np.array([0.05, 0.15, 0.25, 0.45]), 0.35, {0.05: 0.05, 0.15: 0.15, 0.25: 0.25, 0.35: 0.42, 0.45: 0.48},
+        {"score_range": (0.0, 0.5)}, (4, 4)),
+}
+
+
+def _edge_case(case: str, target_label: int):
+    groups, lone, recalibrated, policy, (bin2, bin1) = EDGE_CASES[case]
+    data = {}
+    for s in ("h1", "h2", "h3"):
+        data[s] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], groups.size), "p": np.repeat(groups, 12)}
+    data["h1"]["p"] = np.r_[data["h1"]["p"], lone]
+    data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
+    for d in data.values():
+        d["p2"] = np.array([recalibrated[v] for v in np.round(d["p"], 2)])
+    study = sr.Study.local(data, policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]},
+                                               analyses=("calibration", "brier"), **policy))
+    spy = Spy(study)
+    first, second = (spy.attempt(st.calibration_curve, "y", s) for s in ("p", "p2"))
+    if first is None or second is None:
+        return "refused", spy.refusal()
+    return (float(second.count[bin2] - first.count[bin1]),
+            float(second.count[bin2] * second.observed[bin2] - first.count[bin1] * first.observed[bin1]))
+
+
+@pytest.mark.parametrize("case", sorted(EDGE_CASES))
+def test_the_crossing_rules_judge_the_bins_the_calibration_curve_releases(case):
+    """Hole 3: `crossing._buckets` bucketed every grid left-closed over the policy's score range; the curve bins
+    right-closed tenths of [0, 1]. A patient on an edge, or under a narrower score range, was judged in one
+    bucket with the group it is released apart from, and bin 5 (or 4) of p2 less bin 4 of p gave its label."""
+    seen = [_edge_case(case, label) for label in (0, 1)]
+    assert seen[0] == seen[1], f"the curves tell the lone patient's label: {seen}"
+    assert "ranks the records as" in seen[0][1]
+
+
+def test_the_crossing_rules_bucket_each_grid_as_its_release_does():
+    from secagg_roc.queries.crossing import _buckets, _grids
+    from secagg_roc.queries.histograms import nested_index
+    from secagg_roc.queries.registry import SiteData
+    from secagg_roc.stats.binning import bin_index
+    from secagg_roc.stats.histogram import bucket_index
+
+    scores = np.r_[np.round(np.arange(0, 1.0001, 0.05), 2), 0.3, 0.7, 0.0003, 1e-9, 0.9999999]
+    for policy in (Policy(histogram_bins=20), Policy(histogram_bins=10_000), Policy(histogram_bins=15),
+                   Policy(score_range=(-1.0, 2.0), histogram_bins=30)):
+        for grid in _grids(policy):
+            kind, lo, hi, bins, groups = grid
+            got = _buckets(scores, grid)
+            clipped = np.clip(scores, lo, hi)
+            if kind == "calibration":
+                assert np.array_equal(got, bin_index(clipped, bins))
+            elif kind == "nested":
+                site = SiteData("s", {"y": np.zeros(scores.size, int), "p": scores})
+                params = {"label": "y", "score": "p", "score_range": [lo, hi]}
+                assert np.array_equal(got, nested_index(site, params, bins, groups))
+            else:
+                assert np.array_equal(got, bucket_index(clipped, lo, hi, bins))
 
 
 # == attacks that held ========================================================================================
