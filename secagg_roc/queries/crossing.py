@@ -40,7 +40,7 @@ def _buckets(x: np.ndarray, grid: tuple[str, float, float, int, int]) -> np.ndar
     """Each score's bucket as the grid's release buckets it: the histogram's left-closed buckets of the score range
     (`histograms.bucket_indices`, `nested_index`), the calibration curve's right-closed bins of [0, 1] of the
     scores clipped to its range (`calibration.bin_sums`). A patient on a calibration edge, judged in the
-    histogram's bucket above it, was alone in the curve's bin below it (red team 12, hole 3)."""
+    histogram's bucket above it, was alone in the curve's bin below it (red team 12, hole 2)."""
     kind, lo, hi, bins, groups = grid
     x = np.clip(x, lo, hi)
     if kind == "calibration":
