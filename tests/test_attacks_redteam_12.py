@@ -90,6 +90,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 import secagg_roc as sr
 import secagg_roc.stats as st
@@ -292,28 +294,34 @@ def test_the_crossing_rules_judge_the_bins_the_calibration_curve_releases(case):
     assert "ranks the records as" in seen[0][1]
 
 
-def test_the_crossing_rules_bucket_each_grid_as_its_release_does():
+@settings(max_examples=40, deadline=None)
+@given(decimals=hst.lists(hst.integers(-200, 1200), min_size=1, max_size=40),
+       floats=hst.lists(hst.floats(-0.5, 1.5), max_size=10),
+       bins=hst.sampled_from([10, 15, 20, 30, 1000, 10_000]), cal_bins=hst.sampled_from([1, 5, 10]),
+       score_range=hst.sampled_from([(0.0, 1.0), (0.0, 0.5), (-1.0, 2.0), (0.2, 0.8)]))
+def test_the_crossing_rules_bucket_each_grid_as_its_release_does(decimals, floats, bins, cal_bins, score_range):
+    """Hole 2's property: for any scores (on a decimal grid, edges included, or not) and any policy grids, the
+    rule's buckets are the release's: the curve's `bin_index`, the histogram's `bucket_index` or `nested_index`."""
     from secagg_roc.queries.crossing import _buckets, _grids
     from secagg_roc.queries.histograms import nested_index
     from secagg_roc.queries.registry import SiteData
     from secagg_roc.stats.binning import bin_index
     from secagg_roc.stats.histogram import bucket_index
 
-    scores = np.r_[np.round(np.arange(0, 1.0001, 0.05), 2), 0.3, 0.7, 0.0003, 1e-9, 0.9999999]
-    for policy in (Policy(histogram_bins=20), Policy(histogram_bins=10_000), Policy(histogram_bins=15),
-                   Policy(score_range=(-1.0, 2.0), histogram_bins=30)):
-        for grid in _grids(policy):
-            kind, lo, hi, bins, groups = grid
-            got = _buckets(scores, grid)
-            clipped = np.clip(scores, lo, hi)
-            if kind == "calibration":
-                assert np.array_equal(got, bin_index(clipped, bins))
-            elif kind == "nested":
-                site = SiteData("s", {"y": np.zeros(scores.size, int), "p": scores})
-                params = {"label": "y", "score": "p", "score_range": [lo, hi]}
-                assert np.array_equal(got, nested_index(site, params, bins, groups))
-            else:
-                assert np.array_equal(got, bucket_index(clipped, lo, hi, bins))
+    scores = np.r_[np.asarray(decimals) / 1000.0, floats]
+    policy = Policy(histogram_bins=bins, calibration_bins=cal_bins, score_range=score_range)
+    for grid in _grids(policy):
+        kind, lo, hi, n, groups = grid
+        got = _buckets(scores, grid)
+        clipped = np.clip(scores, lo, hi)  # (as `labels_scores` clips them for each release)
+        if kind == "calibration":
+            assert np.array_equal(got, bin_index(clipped, n))
+        elif kind == "nested":
+            site = SiteData("s", {"y": np.zeros(scores.size, int), "p": scores})
+            params = {"label": "y", "score": "p", "score_range": [lo, hi]}
+            assert np.array_equal(got, nested_index(site, params, n, groups))
+        else:
+            assert np.array_equal(got, bucket_index(clipped, lo, hi, n))
 
 
 # == attacks that held ========================================================================================
