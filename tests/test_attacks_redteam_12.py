@@ -54,6 +54,11 @@ Attacks that held (asserted below, or played once):
   one. A repeat over another set is a new ledger key (the set is in it), drawn and charged afresh, so two sets'
   releases never share a site's noise; over the same set it is replayed and tells nothing new (asserted below:
   a site's view of the others over two sets is each time a full discrete Laplace of fresh noise);
+* no fresh share stands beside replayed ones over one set (their difference would be one site's counts change
+  under two 1/(M-1) shares, less than a discrete Laplace for M > 3): every site's key is the study, the step and
+  the set, with its own data, which cannot change within a study (`Ledger.check_data` at every join); a site
+  restored from an older ledger is refused by the aggregators (`dp_chain`), one that lost it draws nothing more
+  (`dp_lost`);
 * quantile calibration of a score and a copy of it with 28 of 109 records per site rescored to the top
   (out of the order, so not refused by `quantile_copies`): 12 noise seeds, no cell of 1..min_cell-1 records
   solved from the two curves over the union of their edges (red team 10's solver; played);
