@@ -18,7 +18,7 @@ the analyst never opened. For each round it then:
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
    step t is (a round whose previous release is not here yet is passed over until the feed's next poll,
-   once that release is in: it holds up no other round);
+   once that release is in, or a second after its fetch gave up: it holds up no other round);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
