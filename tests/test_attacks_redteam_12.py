@@ -62,21 +62,21 @@ Attacks that held (asserted below, or played once):
 * quantile calibration of a score and a copy of it with 28 of 109 records per site rescored to the top
   (out of the order, so not refused by `quantile_copies`): 12 noise seeds, no cell of 1..min_cell-1 records
   solved from the two curves over the union of their edges (red team 10's solver; played);
-* `MIN_PURE_EPSILON` is checked by `Policy.check_pure_dp`, which the analyst's declaration, every site's copy of
-  it at the join, `Site._vet_ledger` and `_noised_sum` call: an epsilon of 1e-9 exactly runs, anything below is refused by the rule's text,
-  which names the epsilon asked and the bound only (asserted below);
+* `MIN_PURE_EPSILON` is checked by `Policy.check_pure_dp`, which the analyst's declaration, every site's copy
+  of it at the join, `Site._vet_ledger` and `_noised_sum` call: an epsilon of 1e-9 exactly runs, anything below
+  is refused by the rule's text, which names the epsilon asked and the bound only (asserted below);
 * the refusal texts of the crossing rules name the two scores and the rule, never a count: one text whatever
   the lone patient's label (red team 10's tests; the 11-level case is not refused at all, hole 3);
 * the secure AUC of a study without joint computation is refused before its join (`plans.runner`): no round
-  opens (`test_secure_auc`); a raw-message join of such a run at a deployed study is joined and logged by the sites
-  and then refused by every aggregator at its kept round (`Aggregator` without ``mpc``): the analyst's own loss,
-  no release;
+  opens (`test_secure_auc`); a raw-message join of such a run at a deployed study would be joined and logged by
+  the sites, then refused by every aggregator at its kept round (`Aggregator` without ``mpc``; read): the
+  analyst's own loss, no release;
 * ``[policy] histogram_bins`` read from a study file is bounded (1..MAX_HISTOGRAM_BINS) and then judged by
   `Policy` like any other (e.g. a grid the calibration bins do not divide under exact histograms is refused at
   the first such run, as in the embedded study); an unknown key's error names the table's keys, not data;
 * site agent (deployed, read): a round waiting for its previous release is answered only once that release is
-  in (`_await_previous` raises until its fetch ends; the Site's own `SiteRuns.expect` refuses a step whose
-  previous release it does not hold), later steps of its run cannot be offered before it (`RunBook.check_open`
+  in (`_await_previous` raises until its fetch ends; the Site's own `SiteRuns.expect` takes only the step
+  after the last release it took in), later steps of its run cannot be offered before it (`RunBook.check_open`
   at every honest aggregator, and a round needs as many offers as the scheme needs shares), and `_waiting`
   keeps the numbers of at most 4,096 consecutive rounds.
 
