@@ -18,7 +18,7 @@ the analyst never opened. For each round it then:
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
    step t is (a round whose previous release is not here yet is passed over until the feed's next poll,
-   once that release is in: it holds up no other round);
+   once that release is in, or a second after its fetch gave up: it holds up no other round);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
@@ -226,10 +226,12 @@ class SiteAgent(SiteAnswers):
                 live = [t for t in waiting if not t.done()]
                 if live:
                     await asyncio.wait(live, timeout=PREVIOUS_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-                failed = [t.exception() for t in waiting if t.done() and not t.cancelled() and t.exception()]
+                ended = [t for t in waiting if t.done() and not t.cancelled()]
+                failed = [t.exception() for t in ended if t.exception()]
                 if failed:  # e.g. the disk is full: the release is fetched again next time
                     log.error("could not take a release in: %s: %s; retrying", type(failed[0]).__name__, failed[0])
-                    await asyncio.sleep(1.0)
+                if failed or any(t.exception() is None and t.result() is False for t in ended):
+                    await asyncio.sleep(1.0)  # a fetch that gave up is started again a second later, not at once
                 continue
             since = next_since
 
@@ -326,8 +328,9 @@ class SiteAgent(SiteAnswers):
             task.add_done_callback(self._tasks.discard)
         return task
 
-    async def _get_release(self, number: int) -> None:
-        """Fetch the aggregators' shares of round `number`'s release (`site_fetch`), log them, and take them in."""
+    async def _get_release(self, number: int) -> bool:
+        """Fetch the aggregators' shares of round `number`'s release (`site_fetch`), log them, and take them in
+        (False: gave up for now, e.g. an aggregator's bad reply; fetched again later)."""
         query = self.queries[number]
         loop = asyncio.get_running_loop()
         # A round is abandoned ABANDON_FACTOR round timeouts after it opened; after that nothing will come.
@@ -341,12 +344,13 @@ class SiteAgent(SiteAnswers):
             if isinstance(exc, (TransportError, TooFewAggregators)):
                 if not self._stopping:  # a stop is not a failure: the release is fetched after the restart
                     log.warning("gave up fetching the release of round %d: %s", number, exc)
-                return
+                return False
             log.info("round %d brings this site no release: %s: %s", number, type(exc).__name__, exc)
             self.settled.add(number)
-            return
+            return True
         await loop.run_in_executor(None, self._take_release, number, list(shares))
         self.pairwise.forget(number)
+        return True
 
     # -- pushing -----------------------------------------------------------------
 

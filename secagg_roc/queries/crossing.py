@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from ..stats.binning import bin_index
+from ..stats.histogram import bucket_index
 from .copies import _digest, _verdict
 from .groups import CATEGORICAL_LEVELS
 from .registry import SiteData
@@ -17,20 +19,37 @@ from .registry import SiteData
 # -- exact binned releases of two scores in one order ---------------------------------------------------------------
 
 
-def _grids(policy: Any) -> list[tuple[float, float, int]]:
-    """The equal-width grids (lower, upper, buckets) the policy's exact binned analyses bucket scores on."""
+def _grids(policy: Any) -> list[tuple[str, float, float, int, int]]:
+    """The grids (kind, lower, upper, buckets, groups) the policy's exact binned analyses bucket scores on, each
+    binned exactly as its release bins them (`_buckets`)."""
     grids = []
     lo, hi = policy.score_range
     if {"score_histogram", "secure_auc"} & set(policy.analyses):
-        grids.append((lo, hi, policy.histogram_bins))
+        # (`histogram_plan.suppression_groups`: buckets nested in the calibration bins, an edge's record in the
+        # last bucket of its calibration bin's group)
+        groups = policy.calibration_bins
+        nested = (policy.calibration_strategy == "uniform" and (lo, hi) == (0.0, 1.0) and groups > 1
+                  and policy.histogram_bins % groups == 0)
+        grids.append(("nested" if nested else "histogram", lo, hi, policy.histogram_bins, groups))
     if "calibration" in policy.analyses and policy.calibration_strategy == "uniform" and max(0.0, lo) < min(1.0, hi):
-        grids.append((max(0.0, lo), min(1.0, hi), policy.calibration_bins))
+        grids.append(("calibration", max(0.0, lo), min(1.0, hi), policy.calibration_bins, 1))
     return grids
 
 
-def _buckets(x: np.ndarray, grid: tuple[float, float, int]) -> np.ndarray:
-    lo, hi, bins = grid
-    return np.clip(np.floor((np.clip(x, lo, hi) - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
+def _buckets(x: np.ndarray, grid: tuple[str, float, float, int, int]) -> np.ndarray:
+    """Each score's bucket as the grid's release buckets it: the histogram's left-closed buckets of the score range
+    (`histograms.bucket_indices`, `nested_index`), the calibration curve's right-closed bins of [0, 1] of the
+    scores clipped to its range (`calibration.bin_sums`). A patient on a calibration edge, judged in the
+    histogram's bucket above it, was alone in the curve's bin below it (red team 12, hole 2)."""
+    kind, lo, hi, bins, groups = grid
+    x = np.clip(x, lo, hi)
+    if kind == "calibration":
+        return bin_index(x, bins)
+    idx = bucket_index(x, lo, hi, bins)
+    if kind == "nested":
+        width, cal = bins // groups, bin_index(x, groups)
+        idx = np.clip(idx, cal * width, (cal + 1) * width - 1)
+    return idx
 
 
 def _monotone_part(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
