@@ -52,6 +52,25 @@ def _buckets(x: np.ndarray, grid: tuple[str, float, float, int, int]) -> np.ndar
     return idx
 
 
+#: A score whose buckets of min_cell records or more on the coarsest grid hold at most this many distinct values
+#: each is judged as risk groups are (`_bridge_cell`), whatever its number of levels.
+COARSE_LEVELS = 2
+
+
+def _coarse(x: np.ndarray, grids: list[tuple[str, float, float, int, int]], min_cell: int) -> bool:
+    """Whether `x` takes a few levels per bucket, as risk groups do: on the grid of fewest buckets, every bucket
+    of min_cell records or more holds at most COARSE_LEVELS distinct values (and one such bucket exists). Risk
+    groups of twelve levels beside their recalibration, a quarter of the records rescored, escaped both rules
+    (red team 12, hole 3); a continuous score, rounded to two decimals included, holds many values per bucket."""
+    if not grids:
+        return False
+    idx = _buckets(x, min(grids, key=lambda g: g[3]))
+    cells = np.unique(np.column_stack([idx, x]), axis=0)
+    levels = np.bincount(cells[:, 0].astype(np.int64), minlength=int(idx.max()) + 1)
+    full = np.bincount(idx, minlength=levels.size) >= min_cell
+    return bool(full.any()) and int(levels[full].max()) <= COARSE_LEVELS
+
+
 def _monotone_part(a: np.ndarray, b: np.ndarray) -> np.ndarray | None:
     """The records of a longest run in which `b` follows `a`'s order (or its reverse), if the records off it
     are fewer than a quarter of them (else None): two scores that rank most records alike."""
@@ -191,7 +210,8 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
         b = b.astype(np.float64)
 
         def crossing() -> bool:
-            few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS
+            few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS or _coarse(a, grids, min_cell) \
+                or _coarse(b, grids, min_cell)
             if few and roles is None:
                 return False  # a label or a few risk groups: every level is judged as a flag (`label_cells`)
             if few:  # ties, not an order: judged by the cells the two binnings fix (`_bridge_cell`)
