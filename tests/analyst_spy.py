@@ -7,6 +7,7 @@ import warnings
 from collections import defaultdict
 
 import secagg_roc as sr
+import secagg_roc.stats as stats
 
 
 class Spy:
@@ -51,3 +52,34 @@ class Spy:
             for query, totals in self.runs[run]:
                 got.setdefault(query, totals)
         return got if "glm.fisher" in got else None
+
+
+def calibration_slice(data, policy, bins=(4, 5), scores=("p", "p2")) -> tuple:
+    """What two calibration curves of `data` over scores `scores` tell of the slice bin bins[1] of the second
+    less bin bins[0] of the first: (records, cases) in it, or ("refused", the refusal text)."""
+    spy = Spy(sr.Study.local(data, policy=policy))
+    first, second = (spy.attempt(stats.calibration_curve, "y", s) for s in scores)
+    if first is None or second is None:
+        return "refused", spy.refusal()
+    lo, hi = bins
+    count = second.count[hi] - first.count[lo]
+    cases = second.count[hi] * second.observed[hi] - first.count[lo] * first.observed[lo]
+    return float(count), float(cases)
+
+
+def lone_patient_risk_groups(groups, recalibrated: dict, target_label: int, rescored=()) -> dict:
+    """Three sites of risk groups `groups` (scores p; twelve patients each, six cases) and, at h1, one patient
+    alone at 0.35 with label `target_label`; p2 is `recalibrated` of p, with the patients at indices `rescored`
+    of every site moved to 0.97 (out of the order)."""
+    import numpy as np
+
+    data = {}
+    for s in ("h1", "h2", "h3"):
+        data[s] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], len(groups)), "p": np.repeat(groups, 12)}
+    data["h1"]["p"] = np.r_[data["h1"]["p"], 0.35]
+    data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
+    for d in data.values():
+        d["p2"] = np.array([recalibrated[v] for v in np.round(d["p"], 2)])
+        d["p2"][np.asarray(rescored, dtype=int)] = 0.97
+    return data
+

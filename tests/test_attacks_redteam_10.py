@@ -74,7 +74,7 @@ import secagg_roc as sr
 import secagg_roc.stats as st
 from secagg_roc import DPPolicy, Policy
 
-from analyst_spy import Spy
+from analyst_spy import Spy, calibration_slice, lone_patient_risk_groups
 
 # == helpers ================================================================================================
 
@@ -222,15 +222,8 @@ RECALIBRATED = {0.05: 0.05, 0.15: 0.15, 0.25: 0.25, 0.35: 0.51, 0.45: 0.59, 0.55
 
 
 def _risk_group_data(target_label: int, rescored: int = 0) -> dict[str, dict[str, np.ndarray]]:
-    data = {}
-    for s in ("h1", "h2", "h3"):
-        data[s] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], GROUPS.size), "p": np.repeat(GROUPS, 12)}
-    data["h1"]["p"] = np.r_[data["h1"]["p"], 0.35]
-    data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
-    for d in data.values():
-        d["p2"] = np.array([RECALIBRATED[v] for v in np.round(d["p"], 2)])
-        d["p2"][:rescored] = 0.97  # patients of the lowest group rescored to the top: out of the order
-    return data
+    # (patients of the lowest group rescored to the top: out of the order)
+    return lone_patient_risk_groups(GROUPS, RECALIBRATED, target_label, np.arange(rescored))
 
 
 @pytest.mark.parametrize("rescored", [0, 1, 8])
@@ -239,18 +232,8 @@ def test_calibration_curves_of_risk_groups_and_their_recalibration_do_not_give_b
     under a policy with roles no rule judges a score's levels; the two curves (default policy but for the roles)
     gave the lone patient's label: bin (0.5, 0.6] of p2 less bin (0.4, 0.5] of p, one record. Patients rescored
     out of the order far from it (per site: 1, under the near-order rule's reach; 8) change nothing."""
-    seen = []
-    for label in (0, 1):
-        study = sr.Study.local(_risk_group_data(label, rescored),
-                               policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]}))
-        spy = Spy(study)
-        first, second = (spy.attempt(st.calibration_curve, "y", s) for s in ("p", "p2"))
-        if first is None or second is None:
-            seen.append(("refused", spy.refusal()))
-            continue
-        count = second.count[5] - first.count[4]
-        labels = second.count[5] * second.observed[5] - first.count[4] * first.observed[4]
-        seen.append((count, labels))
+    policy = Policy(roles={"label": ["y"], "score": ["p", "p2"]})
+    seen = [calibration_slice(_risk_group_data(label, rescored), policy) for label in (0, 1)]
     assert seen[0] == seen[1], f"the curves tell the lone patient's label: {seen}"
     assert "ranks the records as" in seen[0][1]
 

@@ -102,7 +102,7 @@ import secagg_roc as sr
 import secagg_roc.stats as st
 from secagg_roc import DPPolicy, Policy
 
-from analyst_spy import Spy
+from analyst_spy import Spy, calibration_slice, lone_patient_risk_groups
 
 # == hole 1: a release fetch that fails at once made the site agent spin ======================================
 
@@ -207,32 +207,14 @@ RECALIBRATED = {0.02: 0.02, 0.05: 0.05, 0.15: 0.15, 0.25: 0.25, 0.35: 0.51, 0.45
 
 
 def _many_level_data(target_label: int, rescored: int) -> dict[str, dict[str, np.ndarray]]:
-    data = {}
-    for s in ("h1", "h2", "h3"):
-        data[s] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], GROUPS.size), "p": np.repeat(GROUPS, 12)}
-    data["h1"]["p"] = np.r_[data["h1"]["p"], 0.35]
-    data["h1"]["y"] = np.r_[data["h1"]["y"], target_label]
-    for d in data.values():
-        d["p2"] = np.array([RECALIBRATED[v] for v in np.round(d["p"], 2)])
-        # patients of the four lowest groups rescored to the top, a few of each group left (so eleven levels)
-        d["p2"][np.array([g * 12 + k for k in range(12) for g in range(4)])[:rescored]] = 0.97
-    return data
+    # patients of the four lowest groups rescored to the top, a few of each group left (so eleven levels)
+    moved = np.array([g * 12 + k for k in range(12) for g in range(4)])[:rescored]
+    return lone_patient_risk_groups(GROUPS, RECALIBRATED, target_label, moved)
 
 
 def _curves_of_risk_groups(rescored: int) -> list:
-    seen = []
-    for label in (0, 1):
-        study = sr.Study.local(_many_level_data(label, rescored),
-                               policy=Policy(roles={"label": ["y"], "score": ["p", "p2"]}))
-        spy = Spy(study)
-        first, second = (spy.attempt(st.calibration_curve, "y", s) for s in ("p", "p2"))
-        if first is None or second is None:
-            seen.append(("refused", spy.refusal()))
-            continue
-        count = second.count[5] - first.count[4]
-        labels = second.count[5] * second.observed[5] - first.count[4] * first.observed[4]
-        seen.append((float(count), float(labels)))
-    return seen
+    policy = Policy(roles={"label": ["y"], "score": ["p", "p2"]})
+    return [calibration_slice(_many_level_data(label, rescored), policy) for label in (0, 1)]
 
 
 def test_risk_groups_of_eleven_levels_in_one_order_are_still_judged():

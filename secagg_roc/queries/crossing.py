@@ -192,22 +192,14 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
     one class, among the records in the common order, is refused, as a cell. (Six records per site rescored
     out of the order left a half bucket of one record to be solved from the buckets below them.)"""
     min_cell = policy.min_cell_count
-    name, label = args.get("score"), args.get("label")
-    if min_cell <= 1 or name not in site.arrays or label not in site.arrays:
+    found = _score_and_others(site, args, policy)
+    if found is None:
         return []
-    a, y = np.asarray(site.arrays[name]), np.asarray(site.arrays[label])
-    if a.ndim != 1 or y.shape != a.shape or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
-        return []
-    a = a.astype(np.float64)
+    name, a, y, others = found
     roles = policy.roles
-    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
     grids = _grids(policy)
     problems = []
-    for other in sorted(others):
-        b = np.asarray(site.arrays[other])
-        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
-            continue
-        b = b.astype(np.float64)
+    for other, b in others:
 
         def crossing() -> bool:
             few = min(np.unique(a).size, np.unique(b).size) <= CATEGORICAL_LEVELS or _coarse(a, grids, min_cell) \
@@ -229,6 +221,27 @@ def crossing_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
     return problems
 
 
+def _score_and_others(site: SiteData, args: dict[str, Any], policy: Any
+                      ) -> tuple[str, np.ndarray, np.ndarray, list[tuple[str, np.ndarray]]] | None:
+    """The run's score and label at this site and every other score the policy names there, as float vectors of
+    finite values (None where the rules have nothing to judge: min_cell_count 1, a missing or odd array)."""
+    name, label = args.get("score"), args.get("label")
+    if policy.min_cell_count <= 1 or name not in site.arrays or label not in site.arrays:
+        return None
+    a, y = np.asarray(site.arrays[name]), np.asarray(site.arrays[label])
+    if a.ndim != 1 or y.shape != a.shape or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
+        return None
+    roles = policy.roles
+    names = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
+    others = []
+    for other in sorted(names):
+        b = np.asarray(site.arrays[other])
+        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
+            continue
+        others.append((other, b.astype(np.float64)))
+    return name, a.astype(np.float64), y, others
+
+
 def quantile_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[str]:
     """Run by each Site when an exact calibration curve over quantile bins starts: scores of the policy's score
     role that rank the site's records as the run's score does (an exact copy, a monotone recalibration; all but
@@ -237,23 +250,12 @@ def quantile_copies(site: SiteData, args: dict[str, Any], policy: Any) -> list[s
     the slices between an edge of one and the nearby edge of the other, and a slice of one record gave its
     label and its score (tests/test_attacks_redteam_10.py). The edges are not known when a run starts (the
     other score's may never be drawn), so any such pair is refused, whatever the slices would hold."""
-    if policy.min_cell_count <= 1:
+    found = _score_and_others(site, args, policy)
+    if found is None:
         return []
-    name, label = args.get("score"), args.get("label")
-    if name not in site.arrays or label not in site.arrays:
-        return []
-    a = np.asarray(site.arrays[name])
-    if a.ndim != 1 or a.dtype.kind not in "iufb" or not np.all(np.isfinite(a)):
-        return []
-    a = a.astype(np.float64)
-    roles = policy.roles
-    others = site.arrays if roles is None else set(roles.get("score", ())) & set(site.arrays)
+    name, a, _, others = found
     problems = []
-    for other in sorted(others):
-        b = np.asarray(site.arrays[other])
-        if other in (name, label) or b.shape != a.shape or b.dtype.kind not in "iufb" or not np.all(np.isfinite(b)):
-            continue
-        b = b.astype(np.float64)
+    for other, b in others:
         if _verdict(("quantile order", _digest(a), _digest(b)), lambda: _one_order(a, b)):
             problems.append(f"score {name} ranks the records as {other} does: quantile calibration bins of the "
                             "two come from two DP releases and cross, so their curves could be differenced")
