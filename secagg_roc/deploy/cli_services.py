@@ -58,8 +58,10 @@ itself, so the analyst cannot steer a run's next round.
   secagg-roc site check --study S --name N   check the site's data against the policy and exit:
       for the policy's roles (or, without roles, every column) what would stop a
       run, how many scores lie outside the policy's score range (they are clipped),
-      the record count against q, and the budget the site's ledger has spent,
-      naming the CSV column and the data rows to fix. Sends nothing; needs no
+      the record count against q, the allowed analyses whose runs would send a
+      query missing from the site's allowed_queries (refused at their join), and
+      the budget the site's ledger has spent, naming the CSV column and the data
+      rows to fix. Sends nothing; needs no
       extra. Exit status 0 when nothing needs fixing, 1 otherwise.
 
 Needs: ca.pem, keys/NAME/cert.pem, keys/NAME/key.pem (SECRET), the data file.
