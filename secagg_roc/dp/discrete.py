@@ -77,12 +77,6 @@ def distdp_variance(epsilon: float, sites: int) -> float:
     return discrete_laplace_variance(epsilon) * sites * share_shape(sites)
 
 
-def discrete_laplace(shape: tuple[int, ...], epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """The total noise the M shares add up to (for simulating error bars): geometric minus geometric."""
-    p = 1.0 - laplace_alpha(epsilon)
-    return rng.geometric(p, size=shape) - rng.geometric(p, size=shape)
-
-
 def oue_probabilities(epsilon: float) -> tuple[float, float]:
     """(p, q) of optimal unary encoding: a record's own bit is 1 w.p. p = 1/2, any other w.p. q."""
     return 0.5, 1.0 / (math.exp(float(epsilon)) + 1.0)
