@@ -8,13 +8,15 @@ wall time of `LocalFederation.secure_sum` (encode, split with AES-CTR seeds,
 aggregate, combine, decode) and of `acc += v` over the same K vectors, and
 their ratio. Target: ratio <= 10 at K=10, d=1e6, N=2.
 
-Where the time goes at K=10, d=1e6, N=2 (cProfile, ~55 ms a round): AES-CTR
-keystreams ~20 ms (each seed is expanded twice, at the site and at its
-aggregator: ~1.1 ms per 8 MB, OpenSSL's speed), fixed-point encoding ~18 ms
-(one add rounds to the ring's resolution, an integer subtract extracts the
-value, two reductions check the range), masking and accumulating ~13 ms,
-combine and decode ~2 ms, Python per-message overhead ~2 ms. The plain sum is
-one memory-bound pass per site (~0.5 ms).
+Where the time goes at K=10, d=1e6, N=2 (cProfile, ~25 ms a round on a host whose
+plain sum takes ~2.5 ms): AES-CTR keystreams ~7 ms (each site expands its seed
+once, keeping the stream whole for its aggregator, which adds it instead of
+expanding the seed again: ~0.7 ms per 8 MB, OpenSSL's speed), fixed-point
+encoding ~8 ms (one add rounds to the ring's resolution, an integer subtract
+extracts the value, two reductions check the range), masking ~2 ms, the
+aggregators' sums ~5.5 ms (20 vectors of 8 MB read from memory), combine and
+decode ~1.2 ms, Python per-message work the rest. The plain sum is one
+memory-bound pass per site (~0.25 ms).
 """
 
 from __future__ import annotations

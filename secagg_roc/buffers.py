@@ -14,6 +14,7 @@ from __future__ import annotations
 import mmap
 import sys
 import threading
+import weakref
 from collections import defaultdict
 
 import numpy as np
@@ -22,14 +23,34 @@ import numpy as np
 class BufferPool:
     """Free uint64 vectors by length, at most `max_per_length` of each."""
 
-    def __init__(self, max_per_length: int = 256):
+    def __init__(self, max_per_length: int = 256, max_lent_bytes: int = 256 << 20):
         self.max_per_length = max_per_length
+        #: Bytes `lend` hands out at most at once.
+        self.max_lent_bytes = max_lent_bytes
         self._free: defaultdict[int, list[np.ndarray]] = defaultdict(list)
+        self._lent_bytes = 0
+        self._lent: dict[int, weakref.finalize] = {}
 
     def take(self, n: int) -> np.ndarray:
         """A uint64 vector of length `n` with arbitrary contents."""
         free = self._free.get(n)
         return free.pop() if free else np.empty(n, dtype=np.uint64)
+
+    def lend(self, n: int) -> np.ndarray | None:
+        """A vector of length `n` for a copy that only saves work (a seed's stream kept for its aggregator),
+        or None while `max_lent_bytes` are out: such copies add to a round's memory, so they are bounded.
+        It comes back with `give`; one dropped instead counts as back once it is freed."""
+        nbytes = 8 * n
+        if self._lent_bytes + nbytes > self.max_lent_bytes:
+            return None
+        vector = self.take(n)
+        self._lent_bytes += nbytes
+        self._lent[id(vector)] = weakref.finalize(vector, self._lent_freed, id(vector), nbytes)
+        return vector
+
+    def _lent_freed(self, key: int, nbytes: int) -> None:
+        self._lent.pop(key, None)
+        self._lent_bytes -= nbytes
 
     def give(self, vector: np.ndarray | None) -> None:
         """Return a vector nobody reads any more; vectors not made by numpy here are ignored."""
@@ -41,6 +62,9 @@ class BufferPool:
             or not vector.flags.writeable
         ):
             return
+        lent = self._lent.pop(id(vector), None)
+        if lent is not None and lent.detach() is not None:
+            self._lent_bytes -= 8 * vector.size
         free = self._free[vector.size]
         if len(free) < self.max_per_length:
             free.append(vector)

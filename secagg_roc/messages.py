@@ -193,6 +193,8 @@ class InputShare(Message):
     seed: bytes | None = None
     vector: np.ndarray | None = field(default=None, compare=False)
     dp_chain: bytes | None = field(default=None, compare=False)
+    #: With a seed, inside one process only: its stream as the site wrote it (`prg.Expansion`). Never encoded.
+    expansion: Any = field(default=None, compare=False, repr=False)
 
     @property
     def length(self) -> int:

@@ -11,6 +11,7 @@ the target and no full-size temporary.
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -60,6 +61,18 @@ class Keystream:
             block = self._buf[: part.size]
             self._cipher.update_into(_ZEROS[: 8 * part.size], self._bytes[: 8 * part.size])
             op(part, block, out=part)
+
+
+@dataclass(frozen=True, eq=False)
+class Expansion:
+    """A seed's stream, whole, as its site wrote it while masking with it.
+
+    Handed over with the seed only inside one process (an embedded federation), so that the seed's
+    aggregator adds the stream instead of expanding the seed a second time. It is what that aggregator
+    would compute from the seed, so it tells it nothing more; it never goes on the wire."""
+
+    seed: bytes
+    stream: np.ndarray
 
 
 def expand(seed: bytes, n: int) -> np.ndarray:

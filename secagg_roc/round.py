@@ -138,7 +138,11 @@ class Round:
                 raise MessageError(f"the {self.scheme.name} scheme carries vectors, not seeds")
             if len(share.seed) != prg.SEED_BYTES:
                 raise MessageError(f"a seed is {prg.SEED_BYTES} bytes, got {len(share.seed)}")
+            if share.expansion is not None:
+                _check_expansion(share, self.scheme.payload_length(length))
         else:
+            if share.expansion is not None:
+                raise MessageError("only a seed comes with its stream")
             v = share.vector
             n = self.scheme.payload_length(length)
             if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.shape != (n,):
@@ -230,16 +234,23 @@ class Round:
         if self.per_site:
             # Forwarded, never summed: this aggregator's share of each site's own release. Without the sites'
             # DP release chains: how many DP releases a site made is for the aggregators alone to know.
-            bare = tuple(s if s.dp_chain is None else replace(s, dp_chain=None) for s in shares)
+            bare = tuple(s if s.dp_chain is None and s.expansion is None else replace(s, dp_chain=None, expansion=None)
+                         for s in shares)
             self.released = ForwardedShares(self.round_id, self.index, agreed, records, bare)
             self.released_over = agreed
             self.state = RoundState.RELEASED
             self.accepted = {s: _stub(v) for s, v in self.accepted.items()}
             return self.released
         n = self.scheme.payload_length(shares[0].length)
-        acc = self._accumulator(n)
-        payloads = [Payload(seed=s.seed, vector=s.vector) for s in shares]
-        self.scheme.materialize(acc, payloads[0])
+        payloads = [Payload(seed=s.seed, vector=s.vector, expansion=s.expansion) for s in shares]
+        # Where this round hands its payloads' vectors back once summed, the first one becomes the sum instead
+        # of being copied into a fresh one (the release then hands it back, at `forget`).
+        adopted = None if self.buffers is None else self.scheme.summable(payloads[0])
+        if adopted is not None and not (adopted.flags.writeable and adopted.flags.owndata):
+            adopted = None  # (a mask drawn whole is read-only bytes; a crafted share may hand in anything)
+        acc = self._accumulator(n) if adopted is None else adopted
+        if adopted is None:
+            self.scheme.materialize(acc, payloads[0])
         for p in payloads[1:]:
             self.scheme.accumulate(acc, p)
         self.released = AggregateShare(
@@ -249,7 +260,9 @@ class Round:
         self.state = RoundState.RELEASED
         if self.buffers is not None:  # the summed payloads are read by nobody any more
             for share in self.accepted.values():
-                self.buffers.give(share.vector)
+                for vector in (share.vector, None if share.expansion is None else share.expansion.stream):
+                    if vector is not adopted:
+                        self.buffers.give(vector)
         self.accepted = {s: _stub(v) for s, v in self.accepted.items()}  # free the vectors
         return self.released
 
@@ -289,6 +302,15 @@ def _check_fields(share: InputShare) -> None:
     if not _plain_layout(share.layout):
         raise MessageError("a share's layout must be a tuple of (name, shape, integer) triples: a valid name, "
                            "a tuple of non-negative ints, a bool")
+
+
+def _check_expansion(share: InputShare, n: int) -> None:
+    """A seed's stream handed over in process is used in place of the seed: it must be that seed's, whole."""
+    e = share.expansion
+    if (type(e) is not prg.Expansion or e.seed != share.seed or type(e.stream) is not np.ndarray
+            or e.stream.dtype != np.uint64 or e.stream.shape != (n,)):
+        raise MessageError(f"share from {share.site!r}: a seed's stream must be a prg.Expansion of that seed, "
+                           f"uint64 of shape ({n},)")
 
 
 def _plain_layout(layout: object) -> bool:

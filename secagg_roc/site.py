@@ -341,7 +341,8 @@ class Site(NoisyReleases):
             raise type(exc)(f"site {self.name!r}, query {query.name!r}: {exc}") from None
         count = NOT_COUNTED if records is None else int(records)
         return [
-            InputShare(query.round_id, self.name, j, encoding, count, layout, seed=p.seed, vector=p.vector)
+            InputShare(query.round_id, self.name, j, encoding, count, layout, seed=p.seed, vector=p.vector,
+                       expansion=p.expansion)
             for j, p in enumerate(payloads)
         ]
 

@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .. import prg
 from ..buffers import BufferPool
 from ..ring import FixedPoint
 from .threat import ThreatModel
@@ -27,10 +28,13 @@ from ..quick_init import quick_init
 @quick_init
 @dataclass(frozen=True)
 class Payload:
-    """What one aggregator receives from one site: a PRG seed, or ring elements."""
+    """What one aggregator receives from one site: a PRG seed, or ring elements.
+
+    In one process a seed may come with its `expansion`, its stream as the site wrote it (`prg.Expansion`)."""
 
     seed: bytes | None = None
     vector: np.ndarray | None = None
+    expansion: prg.Expansion | None = None
 
 
 class SharingScheme(abc.ABC):
@@ -107,6 +111,11 @@ class SharingScheme(abc.ABC):
         """Run by an Aggregator: out = the vector this payload stands for (starts a sum without a zero pass)."""
         out.fill(0)
         self.accumulate(out, payload)
+
+    def summable(self, payload: Payload) -> np.ndarray | None:
+        """Run by an Aggregator: the payload's own array if it is the very vector the payload stands for (so a
+        sum may start in it, in place), else None. Only for a round that owns its payloads' arrays."""
+        return None
 
     def combine(self, aggregate_vectors: Mapping[int, np.ndarray], out: np.ndarray | None = None) -> np.ndarray:
         """Run by the Analyst: the total (ring elements) from aggregator index -> its sum, into `out` if given.
