@@ -100,12 +100,18 @@ def _fields(share):
     return (share.round_id, share.site, share.aggregator, share.encoding, share.records, share.layout, share.seed)
 
 
-def test_a_round_refuses_a_stream_that_is_not_its_seeds_whole_and_stays_as_it_was():
+def _recycling_aggregators():
+    """Two aggregators of an embedded federation (payload vectors recycled), round 0 open at both."""
     policy = RoundPolicy(frozenset({"s0", "s1"}), min_sites=2, privacy_level=5)
     aggs = [Aggregator("st", j, policy, AdditiveSharing(2), buffers=BufferPool()) for j in range(2)]
     query = _query()
     for a in aggs:
         a.open(query)
+    return aggs, query
+
+
+def test_a_round_refuses_a_stream_that_is_not_its_seeds_whole_and_stays_as_it_was():
+    aggs, query = _recycling_aggregators()
     value = np.arange(100, dtype=np.int64)
     honest = _seed_share(query, "s0", value)
     other = prg.Expansion(prg.new_seed(), honest[1].expansion.stream)
@@ -130,11 +136,7 @@ def test_a_round_refuses_a_stream_that_is_not_its_seeds_whole_and_stays_as_it_wa
 
 
 def test_a_read_only_vector_share_is_summed_into_a_vector_of_the_round_never_in_place():
-    policy = RoundPolicy(frozenset({"s0", "s1"}), min_sites=2, privacy_level=5)
-    aggs = [Aggregator("st", j, policy, AdditiveSharing(2), buffers=BufferPool()) for j in range(2)]
-    query = _query()
-    for a in aggs:
-        a.open(query)
+    aggs, query = _recycling_aggregators()
     value = np.arange(100, dtype=np.int64)
     shares = [_seed_share(query, s, value) for s in ("s0", "s1")]
     frozen = shares[0][0].vector

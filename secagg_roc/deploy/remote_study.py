@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import re
 import threading
 import time
@@ -62,7 +63,7 @@ from ..queries.run import JOIN
 from ..study import Study, Totals
 from .close_order import reserve_then_close
 from .quorum import call_every
-from .round_open import NUMBER_TAKEN, open_everywhere
+from .round_open import NUMBER_TAKEN, OPEN_ATTEMPTS, open_everywhere
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient
@@ -319,7 +320,9 @@ class RemoteStudy(Study):
         this client expected: then it asks the aggregators again and retries
         (a round opened at some aggregators only is abandoned at its deadline).
         """
-        for attempt in range(3):
+        for attempt in range(OPEN_ATTEMPTS):
+            if attempt:  # clients that took their numbers from the same answer retry at different moments
+                await asyncio.sleep(random.uniform(0.0, 0.05 * attempt))
             query = await self._query(name, params, frac_bits)
             try:
                 self._absent = await open_everywhere(
@@ -328,7 +331,7 @@ class RemoteStudy(Study):
                     grace=QUORUM_GRACE_S, what=f"open {query.round_id}")
                 return query
             except RoundError as exc:
-                if NUMBER_TAKEN not in str(exc) or attempt == 2:
+                if NUMBER_TAKEN not in str(exc) or attempt == OPEN_ATTEMPTS - 1:
                     raise
                 self._next_number = None
         raise AssertionError("unreachable")

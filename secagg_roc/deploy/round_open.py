@@ -27,13 +27,16 @@ from .http import AggregatorClient, retry
 from .http_protocol import TransportError
 from .quorum import TooFewAggregators, gather_quorum
 
-__all__ = ["NUMBER_TAKEN", "OPEN_REACH_S", "open_everywhere", "open_first_live", "open_in_turn"]
+__all__ = ["NUMBER_TAKEN", "OPEN_ATTEMPTS", "OPEN_REACH_S", "open_everywhere", "open_first_live", "open_in_turn"]
 
 #: How long a threshold scheme's client waits for the first live aggregator to take a round alone.
 OPEN_REACH_S = 5.0
 
 #: The refusal an aggregator gives a round number another round holds: the caller retries under a new one.
 NUMBER_TAKEN = "already used"
+#: Numbers an analyst client tries before it gives up (each taken by another client meanwhile): k clients
+#: opening at once need up to k tries, and a client's next round may come in between.
+OPEN_ATTEMPTS = 8
 
 
 async def open_in_turn(clients: Sequence[AggregatorClient], send: Callable[[AggregatorClient], Awaitable[object]],

@@ -17,8 +17,8 @@ the analyst never opened. For each round it then:
    differencing, DP releases computed once and charged to the budget). Before
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
-   step t is (a round whose previous release is not here yet is passed over until the feed's next poll,
-   once that release is in, or a second after its fetch gave up: it holds up no other round);
+   step t is (a round whose previous release is not here yet is answered by a task of its own once that
+   release is in, or tried again a second after its fetch gave up: it holds up no other round);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
@@ -42,8 +42,9 @@ shares still combine. No reply is read beyond what an honest aggregator can send
 one is refused at its header, as a transport failure (`tests/test_attacks_site_agent.py`).
 
 Under ``scheme = "pairwise"`` a secure-sum round is preceded by its key
-agreement through the one aggregator and followed by the site's one unmask
-answer (`site_pairwise`, logged before anything leaves). After a restart,
+agreement through the one aggregator (a task beside the agent's other rounds:
+it may wait a phase's deadline for other sites' keys) and followed by the
+site's one unmask answer (`site_pairwise`, logged before anything leaves). After a restart,
 answered rounds whose release is still to come are fetched again.
 `SiteAgent` is the network side (feeds, pushes, releases) on top of
 `site_answers.SiteAnswers`, which answers and logs; the log's format is
@@ -58,7 +59,7 @@ import logging
 import os
 
 from ..errors import MessageError, SecAggError
-from ..messages import ErrorReply, InputShare, Message, Query
+from ..messages import ErrorReply, Message, Query
 from ..queries.run import JOIN, run_step
 from .aggregator_state import ABANDON_FACTOR
 from .config_schema import StudyConfig
@@ -68,9 +69,10 @@ from .link_log import LinkLog
 from .quorum import TooFewAggregators
 from .site_answers import SiteAnswers
 from .site_fetch import RELEASE_GRACE_S, SMALL_REPLY_BYTES, feed_reply_limit, fetch_release  # noqa: F401
-from .site_fetch import release_reply_limit, site_reply_limit
+from .site_fetch import release_reply_limit, site_reply_limit, small_release
 from .site_offers import RoundOffers
 from .site_data import load_site_data
+from .site_deferred import DeferredRounds, Pending
 from .site_log import LEDGER_PREFIX, default_state_path, read_ledger, split_mismatch, split_record
 from .site_log import SPLIT_FORMAT  # noqa: F401  (importable from here too)
 from .revocation import RevocationList
@@ -80,27 +82,6 @@ __all__ = ["load_site_data", "SiteAgent", "default_state_path", "split_record", 
            "LEDGER_PREFIX"]
 
 log = logging.getLogger("secagg_roc.site")
-
-
-class _Pending(SecAggError):
-    """A round cannot be answered yet (the release it depends on is not here): try again once `task` is done."""
-
-    def __init__(self, text: str, task: asyncio.Task):
-        super().__init__(text)
-        self.task = task
-
-
-#: Seconds at most between polls of a feed listing a round that waits for its run's previous release (a join
-#: over fewer than all sites may wait a round timeout for its last share); the rounds after it go on meanwhile.
-PREVIOUS_WAIT_S = 2.0
-#: Releases up to this many ring elements are fetched as soon as a round is answered.
-EAGER_RELEASE_ELEMENTS = 1 << 16
-
-
-def _small(outputs: list[list[Message]] | None) -> bool:
-    """True for an answer whose release is small enough to fetch at once."""
-    share = outputs[0][0] if outputs and outputs[0] else None
-    return isinstance(share, InputShare) and share.length <= EAGER_RELEASE_ELEMENTS
 
 
 class SiteAgent(SiteAnswers):
@@ -133,11 +114,12 @@ class SiteAgent(SiteAnswers):
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
         self._fetches: dict[int, asyncio.Task] = {}
-        self._waiting: set[int] = set()  # rounds waiting for a previous release (logged once each)
         self._tasks: set[asyncio.Task] = set()
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
+        #: Rounds waiting for a previous release or their key agreement, each answered by a task of its own.
+        self.deferred = DeferredRounds(self._process, self._tasks, lambda: self._stopping)
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
 
     # -- the loop ----------------------------------------------------------------
@@ -206,32 +188,17 @@ class SiteAgent(SiteAnswers):
             if next_since < since:
                 since = 0  # the aggregator's log was reset: start over (answers are idempotent)
                 continue
-            waiting: list[asyncio.Task] = []
             try:
                 for entry in entries:
                     try:
                         await self._process(entry, j)
-                    except _Pending as exc:  # it comes back with the next poll; the rounds after it go on now
-                        if entry.number not in self._waiting:
-                            self._waiting = {n for n in self._waiting if n > entry.number - 4096} | {entry.number}
-                            log.info("%s", exc)
-                        waiting.append(exc.task)
+                    except Pending as exc:  # taken up again once it can go on; the rounds after it go on now
+                        self.deferred.defer(entry, j, exc)
             except asyncio.CancelledError:
                 raise
             except Exception:  # e.g. the disk is full: keep following, the entry comes back next time
                 log.exception("could not process the feed of %s; retrying", client.name)
                 await asyncio.sleep(1.0)
-                continue
-            if waiting:  # poll again once a release waited for is in (or soon: a round may still be opened)
-                live = [t for t in waiting if not t.done()]
-                if live:
-                    await asyncio.wait(live, timeout=PREVIOUS_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
-                ended = [t for t in waiting if t.done() and not t.cancelled()]
-                failed = [t.exception() for t in ended if t.exception()]
-                if failed:  # e.g. the disk is full: the release is fetched again next time
-                    log.error("could not take a release in: %s: %s; retrying", type(failed[0]).__name__, failed[0])
-                if failed or any(t.exception() is None and t.result() is False for t in ended):
-                    await asyncio.sleep(1.0)  # a fetch that gave up is started again a second later, not at once
                 continue
             since = next_since
 
@@ -255,10 +222,13 @@ class SiteAgent(SiteAnswers):
                              message.name, self.clients[source].name, self.offers.need)
                 return
             if cached is None:
-                self._await_previous(message)  # (`_Pending` if its previous release is not in yet)
-                self._waiting.discard(number)
+                self._await_previous(message)  # (`Pending` if its previous release is not in yet)
+                self.deferred.answered(number)
                 if self.pairwise.masks(message):  # first the round's key agreement (its refusal if it fails)
-                    cached = await self.pairwise.agree(message, self.clients[0])
+                    agreement = self.pairwise.agreement(message, self.clients[0], self._tasks)
+                    if agreement is not None and not agreement.done():
+                        raise Pending(f"round {number} waits for its key agreement", agreement)
+                    cached = None if agreement is None else self.pairwise.agreed(number)
                 if cached is None:
                     cached = await loop.run_in_executor(None, self._answer, message)
                 self.site.sessions.pop(number, None)  # a session the answer did not use dies with it
@@ -280,14 +250,14 @@ class SiteAgent(SiteAnswers):
         self._push_all(number, cached.outputs, force=source)
         if cached.kind == "shares" and self.pairwise.masks(message):
             self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
-        if cached.kind == "shares" and number not in self.settled and _small(cached.outputs):
+        if cached.kind == "shares" and number not in self.settled and small_release(cached.outputs):
             # Small releases are fetched at once, to be ready for the next step; large ones only when the
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
             self._fetch_release(number)
 
     def _await_previous(self, query: Query) -> None:
         """Before step t of a run: the release of step t-1 must be in if this site answered it (fetched now,
-        and `_Pending` until it is)."""
+        and `Pending` until it is)."""
         found = run_step(query.params)
         if query.name == JOIN or found is None:
             return
@@ -297,7 +267,7 @@ class SiteAgent(SiteAnswers):
             return  # the site's own checks decide (it never answered the previous step, or holds its release)
         task = self._fetch_release(previous)
         if not task.done():  # not waited for here: the follower answers the rounds after this one meanwhile
-            raise _Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
+            raise Pending(f"round {query.round_id.number} waits for the release of round {previous}, "
                            "which this site does not hold yet", task)
 
     def forget_rounds(self, numbers: set[int]) -> None:

@@ -38,7 +38,7 @@ import logging
 from typing import Callable, Collection
 
 from ..errors import MessageError, RoundError, SecAggError
-from ..messages import AggregateShare, ForwardedShares, Message, Query, StatusRequest
+from ..messages import AggregateShare, ForwardedShares, InputShare, Message, Query, StatusRequest
 from ..queries import lookup
 from ..queries.run import JOIN
 from ..wire import MAX_STR
@@ -68,6 +68,16 @@ class NoRelease(RoundError):
 
 class _Refused(RoundError):
     """One aggregator's error reply to a release request (`gather_quorum` counts it as that one's absence)."""
+
+
+#: Releases up to this many ring elements are fetched as soon as a round is answered.
+EAGER_RELEASE_ELEMENTS = 1 << 16
+
+
+def small_release(outputs: list[list[Message]] | None) -> bool:
+    """True for a site's answer whose release is small enough to fetch at once (the next step may need it)."""
+    share = outputs[0][0] if outputs and outputs[0] else None
+    return isinstance(share, InputShare) and share.length <= EAGER_RELEASE_ELEMENTS
 
 
 def feed_reply_limit(config: StudyConfig) -> int:

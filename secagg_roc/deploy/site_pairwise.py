@@ -63,6 +63,8 @@ class SitePairwise:
         self.received: dict[int, bytes] = {}
         self._lock = threading.Lock()
         self._unmasking: set[int] = set()
+        #: round number -> the task running its key agreement (until the round is answered or forgotten).
+        self._agreements: dict[int, asyncio.Task] = {}
         #: Key agreements held at most (the aggregator keeps at most max_open_rounds rounds open at once).
         self.keep = 4 * answers.config.max_open_rounds
         config = answers.config
@@ -102,6 +104,7 @@ class SitePairwise:
         """A settled round's client is not needed any more (its secrets stay only in the log)."""
         self.logged.pop(number, None)
         self.received.pop(number, None)
+        self._agreements.pop(number, None)
 
     # -- which rounds ---------------------------------------------------------------
 
@@ -155,16 +158,36 @@ class SitePairwise:
             raise RoundError(f"round {number}: this site masked its input already; it is not masked twice")
         self.answers.site.sessions[number] = c
 
+    def agreement(self, query: Query, client: AggregatorClient, tasks: set) -> asyncio.Task | None:
+        """Run by the Site before it answers round `query`: None if its policy and plan refuse the round anyway
+        (no key is made; its answer is the refusal, naming the rule), else the task running the round's key
+        agreement (`agree`; started once, again after a failure, and kept in `tasks`). A site agent does not
+        wait for it inside its lock: the other sites' keys may take a phase's deadline to come, and the
+        rounds after this one go on meanwhile. Take its outcome with `agreed`."""
+        number = query.round_id.number
+        task = self._agreements.get(number)
+        if task is not None and not (task.done() and (task.cancelled() or task.exception() is not None)):
+            return task
+        try:  # the site's policy and plan first (under the agent's lock, as every answer)
+            self.answers.site.vet(query)
+        except SecAggError:
+            return None
+        task = asyncio.create_task(self.agree(query, client))
+        self._agreements[number] = task
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return task
+
+    def agreed(self, number: int) -> "_Answer | None":
+        """The outcome of round `number`'s finished key agreement (`agreement`): None, or the site's refusal."""
+        return self._agreements.pop(number).result()
+
     async def agree(self, query: Query, client: AggregatorClient) -> "_Answer | None":
-        """Run by the Site before it answers round `query`: its key agreement; None, or the site's logged
-        refusal of the round when the server went on without it (an unreachable server raises instead:
+        """Run by the Site: round `query`'s key agreement, once `agreement` vetted the round; None, or the site's
+        logged refusal of the round when the server went on without it (an unreachable server raises instead:
         the round comes back with the feed and is resumed from the log)."""
         from .site_answers import _refusal_of
 
-        try:  # the site's policy and plan first: no key is made for a round it will refuse anyway
-            self.answers.site.vet(query)
-        except SecAggError:
-            return None  # its answer is the refusal, naming the rule
         give_up = asyncio.get_running_loop().time() + self.answers.config.round_timeout_s
         try:
             await self.session(query, client, give_up)
