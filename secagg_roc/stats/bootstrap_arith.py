@@ -20,6 +20,7 @@ Direction ``"<"`` throughout (controls score lower), as `stats.roc_arith`.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -29,6 +30,46 @@ CHUNK = 64
 #: Bounds on the number of replicates a distributed run may release (see `stats.bootstrap`).
 MIN_BOOT, MAX_BOOT = 10, 10_000
 STATISTICS = ("auc", "sensitivity", "brier")
+#: The most pairs of replicates, in expectation, whose Poisson weights differ in fewer than min_cell_count records
+#: that a Brier bootstrap may release (`close_pairs`).
+MAX_CLOSE_PAIRS = 0.01
+#: P(two independent Poisson(1) weights are equal) = e^-2 I_0(2).
+_SAME_WEIGHT = 0.30850832255367094
+
+
+def close_pairs(n_boot: int, records: int, min_cell: int) -> float:
+    """Expected number of pairs among `n_boot` replicates over `records` records whose Poisson(1) weights differ
+    in 1..min_cell-1 records only (and agree on all the others).
+
+    Such a pair's two replicate totals differ by a sum over those records alone: a cell of fewer than min_cell
+    records, one record for the commonest kind. Over a small run they are many, and their differences recur
+    exactly (a record's term times a unit weight): the analyst reads each record's term off the most frequent
+    differences of replicates whose released weight totals are one apart (red team 13: every record's squared
+    error of a run of 10 records, 12 of 12 of one of 12 records). Public: n_boot is asked for, the records
+    are the run's count (its join). The redraws of `poisson_chunks` (``min_nonzero``) are left out: they change
+    little once a run holds the records this bound asks for.
+    """
+    n, m, b = int(records), int(min_cell), int(n_boot)
+    if m <= 1 or n < 1:
+        return 0.0
+    s, total = _SAME_WEIGHT, 0.0
+    for k in range(1, min(m - 1, n) + 1):
+        log_term = (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                    + k * math.log1p(-s) + (n - k) * math.log(s))
+        total += math.exp(log_term)
+    return 0.5 * b * (b - 1) * total
+
+
+def max_close_replicates(records: int, min_cell: int) -> int:
+    """The most replicates a Brier bootstrap over `records` records may release (`close_pairs` at most
+    `MAX_CLOSE_PAIRS`), capped at `MAX_BOOT`."""
+    per_pair = close_pairs(2, records, min_cell)  # one pair
+    if per_pair <= 0.0:
+        return MAX_BOOT
+    b = int((1.0 + math.sqrt(1.0 + 8.0 * MAX_CLOSE_PAIRS / per_pair)) / 2.0)
+    while b > 1 and close_pairs(b, records, min_cell) > MAX_CLOSE_PAIRS:
+        b -= 1
+    return min(MAX_BOOT, b)
 
 
 def key_words(*parts: str) -> tuple[int, ...]:
