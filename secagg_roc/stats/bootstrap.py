@@ -66,9 +66,10 @@ What an adversarial analyst can and cannot do (see
   differences of replicates one weight apart were every record's squared
   error (red team 13). So a Brier bootstrap is refused where its B
   replicates over the run's records would hold such pairs
-  (`check_close_pairs`); where the policy allows dropouts, two runs over
-  nested sets still difference into their atom's replicates (a known
-  limit). The policy must list "bootstrap" to allow any of this.
+  (`check_close_pairs`); where the policy allows dropouts, runs over nested
+  sets difference into their atom's replicates, so each site judges the
+  least atom holding it (`queries.bootstrap`, the step's ``atom``). The
+  policy must list "bootstrap" to allow any of this.
 """
 
 from __future__ import annotations
@@ -210,6 +211,10 @@ def bootstrap_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
         check_close_pairs(policy, n_boot, ctx.run.records)
         step = {"label": args["label"], "score": args["score"], "score_range": probability_range(policy),
                 "n_boot": n_boot, "min_weighted": min_weighted(policy)}
+        if policy.allow_dropouts and policy.min_cell_count > 1:
+            # Runs over nested sets difference into an atom's replicates (a site's weights do not depend on the
+            # set): each site judges the least atom holding it, itself and min_sites - 1 sites of q records.
+            step["atom"] = {"others": (policy.min_sites - 1) * policy.privacy_level, "min_cell": policy.min_cell_count}
         totals = yield Step(QUERIES["brier"], step)
         num, den = _vectors(totals, n_boot)
         if ctx.party != "analyst":
