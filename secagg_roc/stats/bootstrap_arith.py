@@ -45,31 +45,34 @@ def close_pairs(n_boot: int, records: int, min_cell: int) -> float:
     records, one record for the commonest kind. Over a small run they are many, and their differences recur
     exactly (a record's term times a unit weight): the analyst reads each record's term off the most frequent
     differences of replicates whose released weight totals are one apart (red team 13: every record's squared
-    error of a run of 10 records, 12 of 12 of one of 12 records). Public: n_boot is asked for, the records
+    error of a run of 10 records, 10 of 12 of one of 12 records); the unweighted total (entry 0) pairs with each
+    replicate too. Public: n_boot is asked for, the records
     are the run's count (its join). The redraws of `poisson_chunks` (``min_nonzero``) are left out: they change
     little once a run holds the records this bound asks for.
     """
     n, m, b = int(records), int(min_cell), int(n_boot)
     if m <= 1 or n < 1:
         return 0.0
-    s, total = _SAME_WEIGHT, 0.0
-    for k in range(1, min(m - 1, n) + 1):
-        log_term = (math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
-                    + k * math.log1p(-s) + (n - k) * math.log(s))
-        total += math.exp(log_term)
-    return 0.5 * b * (b - 1) * total
+
+    def few(same: float) -> float:  # P(two weight rows differ in 1..m-1 places), each place equal w.p. `same`
+        return sum(math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                            + k * math.log1p(-same) + (n - k) * math.log(same)) for k in range(1, min(m - 1, n) + 1))
+
+    # Pairs of replicates, and each replicate against the unweighted total (entry 0: every weight 1, P = 1/e).
+    return 0.5 * b * (b - 1) * few(_SAME_WEIGHT) + b * few(math.exp(-1.0))
 
 
 def max_close_replicates(records: int, min_cell: int) -> int:
     """The most replicates a Brier bootstrap over `records` records may release (`close_pairs` at most
     `MAX_CLOSE_PAIRS`), capped at `MAX_BOOT`."""
-    per_pair = close_pairs(2, records, min_cell)  # one pair
-    if per_pair <= 0.0:
-        return MAX_BOOT
-    b = int((1.0 + math.sqrt(1.0 + 8.0 * MAX_CLOSE_PAIRS / per_pair)) / 2.0)
-    while b > 1 and close_pairs(b, records, min_cell) > MAX_CLOSE_PAIRS:
-        b -= 1
-    return min(MAX_BOOT, b)
+    lo, hi = 0, MAX_BOOT  # close_pairs grows with n_boot: the largest that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if close_pairs(mid, records, min_cell) <= MAX_CLOSE_PAIRS:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def key_words(*parts: str) -> tuple[int, ...]:
