@@ -48,9 +48,11 @@ import numpy as np
 
 from ..stats.bootstrap_arith import (
     MAX_BOOT,
+    MAX_CLOSE_PAIRS,
     MIN_BOOT,
     auc_numerators,
     brier_numerators,
+    close_pairs,
     key_words,
     placement_bounds,
     poisson_chunks,
@@ -84,7 +86,8 @@ def site_key(site: SiteData) -> tuple[int, ...]:
 def replicate_key(site: SiteData, query: str, params: dict[str, Any]) -> tuple[int, ...]:
     """The key of this site's weights in round `query`: its secret key and the parameters without n_boot."""
     # (min_weighted is a policy value, not the run's site count: other set sizes draw no fresh replicates.)
-    public = {k: v for k, v in params.items() if k not in ("n_boot", "run", "step", "contributors")}
+    # (nor the atom bound, a policy check that draws nothing: the weights stay those of the same request before)
+    public = {k: v for k, v in params.items() if k not in ("n_boot", "run", "step", "contributors", "atom")}
     blob = json.dumps([query, public], sort_keys=True, separators=(",", ":"))
     return key_words(*(str(k) for k in site_key(site)), blob)
 
@@ -109,6 +112,7 @@ def bootstrap_brier(site: SiteData, params: dict[str, Any]) -> QueryResult:
     least = param(site, params, "min_weighted", int)
     if not 1 <= least <= y.size:
         raise site.fail(f"min_weighted must be between 1 and the site's record count, got {least}")
+    _check_atom(site, params, b, y.size)
     key = replicate_key(site, "calibration.brier_bootstrap", params)
     nums, dens = [], []
     for _, w in poisson_chunks(key, y.size, b, min_nonzero=least):
@@ -116,6 +120,26 @@ def bootstrap_brier(site: SiteData, params: dict[str, Any]) -> QueryResult:
         dens.append(w.sum(axis=1))
     return QueryResult({"numerator": _with_plain(float(np.sum((p - y) ** 2)), nums, np.float64),
                         "weight": _with_plain(int(y.size), dens, np.int64)}, records=int(y.size))
+
+
+def _check_atom(site: SiteData, params: dict[str, Any], b: int, records: int) -> None:
+    """Refuse replicates that an atom of contributor sets holding this site would pair up into small cells.
+
+    Where the policy allows dropouts, Brier bootstraps over nested sets difference, replicate by replicate, into
+    the replicates of their atom (this site's weights do not depend on the set), which holds this site and at
+    least ``others`` records of other sites (min_sites - 1 sites of q records): judged as `stats.bootstrap`
+    judges a run (`close_pairs`), from this site's record count (which the aggregators see anyway)."""
+    atom = params.get("atom")
+    if atom is None:
+        return
+    if not isinstance(atom, dict) or not all(isinstance(atom.get(k), int) and not isinstance(atom.get(k), bool)
+                                             and atom[k] >= 0 for k in ("others", "min_cell")):
+        raise site.fail("atom must hold the integers 'others' and 'min_cell'")
+    if close_pairs(b, records + atom["others"], atom["min_cell"]) > MAX_CLOSE_PAIRS:
+        raise site.fail(f"policy: {b} bootstrap replicates of the Brier score are too many for this site where "
+                        "dropouts are allowed: runs over nested contributor sets difference into the replicates of "
+                        "an atom holding it and min_sites - 1 sites of q records, whose pairs of replicates would "
+                        "differ in fewer than min_cell_count records (ask for fewer replicates)")
 
 
 def _controls(site: SiteData, params: dict[str, Any]) -> tuple[np.ndarray, tuple[int, ...]]:

@@ -60,8 +60,15 @@ What an adversarial analyst can and cannot do (see
   a restart keeps it.)
 * what the Brier replicates still reveal: the totals are compound-Poisson
   sums whose cumulants are the power sums of the records' squared errors,
-  so B replicates estimate a few moments of them beyond the mean; for very
-  small studies, sums over random subsets of few records say more. The
+  so B replicates estimate a few moments of them beyond the mean. Two
+  replicates whose weights differ in a few records only differ by a sum
+  over those records: over a run of 10 records, the most frequent
+  differences of replicates one weight apart were every record's squared
+  error (red team 13). So a Brier bootstrap is refused where its B
+  replicates over the run's records would hold such pairs
+  (`check_close_pairs`); where the policy allows dropouts, runs over nested
+  sets difference into their atom's replicates, so each site judges the
+  least atom holding it (`queries.bootstrap`, the step's ``atom``). The
   policy must list "bootstrap" to allow any of this.
 """
 
@@ -78,8 +85,11 @@ from ..policy import Policy
 from ..queries.bootstrap import NEGATIVES_KEY
 from .bootstrap_arith import (
     MAX_BOOT,
+    MAX_CLOSE_PAIRS,
     MIN_BOOT,
+    close_pairs,
     key_words,
+    max_close_replicates,
     poisson_chunks,
     ratio,
     reference_seed,
@@ -121,6 +131,24 @@ def min_weighted(policy: Policy) -> int:
     (the aggregators' differencing guard): min_sites * ceil(q / min_sites) >= q records
     (tests/test_attacks_combined.py)."""
     return max(1, math.ceil(policy.privacy_level / max(1, policy.min_sites)))
+
+
+def check_close_pairs(policy: Policy, n_boot: int, records: int) -> None:
+    """Refuse a Brier bootstrap whose replicates, over so few records, would pair up into small cells (run by the
+    Analyst and by each Site's copy of the plan, after the join: the run's record count is public).
+
+    Two replicates whose weights agree but on 1..min_cell-1 records differ by a sum over those records; over a
+    run of 10 records there were thousands of such pairs, and their most frequent differences were every
+    record's squared error (`bootstrap_arith.close_pairs`, red team 13). Off where ``min_cell_count = 1``.
+    """
+    if close_pairs(n_boot, records, policy.min_cell_count) > MAX_CLOSE_PAIRS:
+        most = max_close_replicates(records, policy.min_cell_count)
+        fits = f"at most {most} replicates fit a run of {records} records" if most >= MIN_BOOT else \
+            f"no bootstrap of {MIN_BOOT} or more replicates fits a run of {records} records"
+        raise PolicyError(
+            f"policy: {n_boot} bootstrap replicates of the Brier score over {records} records would hold pairs of "
+            f"replicates whose weights differ in fewer than min_cell_count = {policy.min_cell_count} records (their "
+            f"difference is a sum over those records alone); {fits}")
 
 
 def _n_boot(value: Any) -> int:
@@ -180,8 +208,13 @@ def bootstrap_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, 
     policy, statistic, n_boot = ctx.policy, args["statistic"], args["n_boot"]
     common = {"alpha": args["alpha"], "specificity": args["specificity"], "contributors": ctx.run.contributors}
     if statistic == "brier":
+        check_close_pairs(policy, n_boot, ctx.run.records)
         step = {"label": args["label"], "score": args["score"], "score_range": probability_range(policy),
                 "n_boot": n_boot, "min_weighted": min_weighted(policy)}
+        if policy.allow_dropouts and policy.min_cell_count > 1:
+            # Runs over nested sets difference into an atom's replicates (a site's weights do not depend on the
+            # set): each site judges the least atom holding it, itself and min_sites - 1 sites of q records.
+            step["atom"] = {"others": (policy.min_sites - 1) * policy.privacy_level, "min_cell": policy.min_cell_count}
         totals = yield Step(QUERIES["brier"], step)
         num, den = _vectors(totals, n_boot)
         if ctx.party != "analyst":

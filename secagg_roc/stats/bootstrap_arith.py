@@ -20,6 +20,7 @@ Direction ``"<"`` throughout (controls score lower), as `stats.roc_arith`.
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -29,6 +30,49 @@ CHUNK = 64
 #: Bounds on the number of replicates a distributed run may release (see `stats.bootstrap`).
 MIN_BOOT, MAX_BOOT = 10, 10_000
 STATISTICS = ("auc", "sensitivity", "brier")
+#: The most pairs of replicates, in expectation, whose Poisson weights differ in fewer than min_cell_count records
+#: that a Brier bootstrap may release (`close_pairs`).
+MAX_CLOSE_PAIRS = 0.01
+#: P(two independent Poisson(1) weights are equal) = e^-2 I_0(2).
+_SAME_WEIGHT = 0.30850832255367094
+
+
+def close_pairs(n_boot: int, records: int, min_cell: int) -> float:
+    """Expected number of pairs among `n_boot` replicates over `records` records whose Poisson(1) weights differ
+    in 1..min_cell-1 records only (and agree on all the others).
+
+    Such a pair's two replicate totals differ by a sum over those records alone: a cell of fewer than min_cell
+    records, one record for the commonest kind. Over a small run they are many, and their differences recur
+    exactly (a record's term times a unit weight): the analyst reads each record's term off the most frequent
+    differences of replicates whose released weight totals are one apart (red team 13: every record's squared
+    error of a run of 10 records, 10 of 12 of one of 12 records); the unweighted total (entry 0) pairs with each
+    replicate too. Public: n_boot is asked for, the records
+    are the run's count (its join). The redraws of `poisson_chunks` (``min_nonzero``) are left out: they change
+    little once a run holds the records this bound asks for.
+    """
+    n, m, b = int(records), int(min_cell), int(n_boot)
+    if m <= 1 or n < 1:
+        return 0.0
+
+    def few(same: float) -> float:  # P(two weight rows differ in 1..m-1 places), each place equal w.p. `same`
+        return sum(math.exp(math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+                            + k * math.log1p(-same) + (n - k) * math.log(same)) for k in range(1, min(m - 1, n) + 1))
+
+    # Pairs of replicates, and each replicate against the unweighted total (entry 0: every weight 1, P = 1/e).
+    return 0.5 * b * (b - 1) * few(_SAME_WEIGHT) + b * few(math.exp(-1.0))
+
+
+def max_close_replicates(records: int, min_cell: int) -> int:
+    """The most replicates a Brier bootstrap over `records` records may release (`close_pairs` at most
+    `MAX_CLOSE_PAIRS`), capped at `MAX_BOOT`."""
+    lo, hi = 0, MAX_BOOT  # close_pairs grows with n_boot: the largest that fits, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if close_pairs(mid, records, min_cell) <= MAX_CLOSE_PAIRS:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def key_words(*parts: str) -> tuple[int, ...]:
