@@ -108,7 +108,7 @@ class AdditiveSharing(SharingScheme):
         streams = [prg.Keystream(s) for s in seeds.values()]
         # In one process that recycles its buffers (an embedded federation), each stream is also kept whole as
         # it masks, and handed to the seed's aggregator with the seed: the seed is then expanded once, not
-        # twice (AES is ~half a round's time; K=10, d=1e6: ~29 -> ~24 ms a round). Bounded by the pool.
+        # twice (AES was ~half a round's time; K=10, d=1e6: ~29 -> ~25 ms a round). Bounded by the pool.
         kept = [None if self.buffers is None else self.buffers.lend(np.size(x)) for _ in streams]
         done = 0
 
