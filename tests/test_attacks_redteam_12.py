@@ -139,7 +139,7 @@ class _FakeAggregator:
         return None
 
 
-def _agent_waiting_for_a_release(evil_name: str = "agg-2"):
+def _agent_waiting_for_a_release(evil_name: str = "agg-2", give_up_s: float = 60.0):
     """A `SiteAgent`'s follower state (no process, no TLS): it answered round 10 (step 0 of run r) and its feed
     lists round 11 (step 1), which waits for round 10's release; additive sharing over two aggregators."""
     from secagg_roc.deploy.http_protocol import FeedEntry
@@ -165,7 +165,7 @@ def _agent_waiting_for_a_release(evil_name: str = "agg-2"):
         agent._await_previous(entry.message)
 
     agent._process = process
-    agent.deferred = DeferredRounds(process, agent._tasks, lambda: agent._stopping)
+    agent.deferred = DeferredRounds(process, agent._tasks, lambda: agent._stopping, give_up_s=give_up_s)
     return agent
 
 
@@ -202,6 +202,31 @@ def test_a_release_fetch_an_aggregator_fails_at_once_does_not_make_the_site_agen
     assert len([r for r in caplog.records if "gave up fetching" in r.getMessage()]) <= 4 * elapsed
     assert agent.settled == set()  # and round 11 was never answered without round 10's release
     assert agent.clients[1].releases >= 1  # (the fetch was tried: the test exercised the path)
+
+
+def test_a_round_waiting_on_an_aggregator_that_fails_every_release_is_given_up_once_it_is_abandoned(monkeypatch):
+    """Since the twelfth session a waiting round is answered by a task of its own (`site_deferred`): against an
+    aggregator that fails every release request at once, that task must not retry for ever (one fetch a second,
+    for every such round the analyst opens): it stops once the round would be abandoned (here after 1 s)."""
+    import secagg_roc.deploy.site_agent as site_agent
+
+    monkeypatch.setattr(site_agent, "release_reply_limit", lambda config, query: 1 << 20)
+    agent = _agent_waiting_for_a_release(give_up_s=0.5)
+    seen = {}
+
+    async def main() -> None:
+        follower = asyncio.create_task(agent._follow(0))  # one feed: the round is deferred once
+        await asyncio.sleep(4.0)
+        seen["deferred"] = dict(agent.deferred.deferred)  # before the stop, which would end the task anyway
+        agent._stopping = True
+        for t in [follower, *agent._tasks]:
+            t.cancel()
+        await asyncio.gather(follower, *agent._tasks, return_exceptions=True)
+
+    asyncio.run(main())
+    fetches = agent.clients[1].releases
+    assert 1 <= fetches <= 2, f"{fetches} release requests in 4 s"  # without the bound: one a second
+    assert seen["deferred"] == {} and agent.settled == set()
 
 
 # == hole 3: risk groups of eleven or more levels, a quarter of the records rescored =========================

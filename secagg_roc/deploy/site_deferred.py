@@ -37,10 +37,13 @@ class DeferredRounds:
     """Run by a Site's agent: `defer` a round that raised `Pending`; `process(entry, source)` answers it later."""
 
     def __init__(self, process: Callable[[FeedEntry, int], Awaitable[None]], tasks: set[asyncio.Task],
-                 stopping: Callable[[], bool]):
+                 stopping: Callable[[], bool], give_up_s: float):
         self.process = process
         self.tasks = tasks  # the agent's background tasks (cancelled when it stops)
         self.stopping = stopping
+        #: Seconds after which a round is waited for no more (by then its aggregators abandoned it: an aggregator
+        #: failing every release request at once must not keep a task of this site retrying for ever).
+        self.give_up_s = give_up_s
         self.waiting: set[int] = set()  # rounds that waited (each logged once; the last 4096 numbers kept)
         self.deferred: dict[int, asyncio.Task] = {}  # round -> the task answering it once it can go on
 
@@ -62,9 +65,15 @@ class DeferredRounds:
         self.waiting.discard(number)
 
     async def _resume(self, entry: FeedEntry, source: int, waited: asyncio.Task) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.give_up_s
         try:
             while not self.stopping():
-                await asyncio.wait([waited])
+                await asyncio.wait([waited], timeout=max(0.0, deadline - loop.time()))
+                if not waited.done() or loop.time() >= deadline:  # (wait ends undone only at the deadline)
+                    log.warning("round %d: waited for %.0f s, so its aggregators abandoned it; not answered",
+                                entry.number, self.give_up_s)
+                    return
                 failed = waited.cancelled() or waited.exception() is not None
                 if failed and not self.stopping():  # e.g. the disk is full: fetched (or agreed) again below
                     log.error("round %d: its wait ended in %s; retrying", entry.number,
