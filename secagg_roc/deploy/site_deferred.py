@@ -9,7 +9,8 @@ agent's lock: the follower raises `Pending` out of its processing, goes on
 with the rounds after it, and `DeferredRounds` answers the round once what it
 waits for is done (a fetch that gave up is tried again a second later, never
 at once: an aggregator that fails every release request at once must not make
-the site spin). One task a round; each ends with its round.
+the site spin). One task a round; each ends with its round, or once the round
+would have been abandoned by its aggregators (`give_up_s`).
 """
 
 from __future__ import annotations
