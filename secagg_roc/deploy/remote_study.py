@@ -316,12 +316,12 @@ class RemoteStudy(Study):
     async def _open(self, name: str, params: Mapping[str, Any] | None, frac_bits: int | None, deadline: float) -> Query:
         """Open a round under the next free number at every aggregator (the first alone first: `round_open`).
 
-        Another analyst client (or an earlier one) may have used the number
-        this client expected: then it asks the aggregators again and retries
-        (a round opened at some aggregators only is abandoned at its deadline).
+        Another analyst client (or an earlier one) may have used the number this client expected: then it asks
+        the aggregators again and retries, at a random moment (clients that read the same number then part), up
+        to `OPEN_ATTEMPTS` times (a round opened at some aggregators only is abandoned at its deadline).
         """
         for attempt in range(OPEN_ATTEMPTS):
-            if attempt:  # clients that took their numbers from the same answer retry at different moments
+            if attempt:
                 await asyncio.sleep(random.uniform(0.0, 0.05 * attempt))
             query = await self._query(name, params, frac_bits)
             try:
