@@ -41,9 +41,9 @@ their only protection. Existing files are never replaced unless --force is given
   keys add NAME       issue a key and certificate for one party with the existing CA: a
                       hospital added to the study file later; no other party's files change
                       (--replace: new keys for a party that has some, e.g. after a revocation)
-  keys revoke NAME    put NAME's current certificate on crl.pem; hand the new crl.pem to the
-                      aggregator operators: every aggregator re-reads it within seconds and
-                      refuses that certificate from then on
+  keys revoke NAME    put NAME's current certificate on crl.pem; hand the new crl.pem to every
+                      party: each re-reads it within seconds and refuses that certificate from
+                      then on (aggregators a site's or the analyst's; the others an aggregator's)
 """
 
 _EPILOG = """\

@@ -6,8 +6,9 @@ certificate (403, naming the party and the rule), and by every client of an
 aggregator (Sites, the Analyst, ``status``), which refuses to talk to an
 aggregator whose certificate is revoked. The list is public, signed by
 the study CA, and every party re-reads it when the file changes, so handing
-the new ``crl.pem`` to the aggregator operators is all a revocation takes: no
-restart, and the other parties keep serving. After a revocation the party gets
+the new ``crl.pem`` to every party (for a site or the analyst, the aggregator
+operators suffice) is all a revocation takes: no restart, and the other
+parties keep serving. After a revocation the party gets
 a new key and certificate with ``secagg-roc keys add NAME --replace``.
 """
 
