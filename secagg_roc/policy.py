@@ -73,8 +73,8 @@ class Policy:
     rocglm_thresholds: int = 30
     sensitivity_resolution: float = 1e-4
     dp: DPPolicy | None = field(default=None)
-    #: The study's score-histogram grid: equal-width buckets of the score range. An analyst may ask for a
-    #: divisor of it (a coarsening, which reveals nothing the finest grid does not), never another grid:
+    #: The study's score-histogram grid: equal-width buckets of the score range. An analyst may ask a DP histogram
+    #: for a divisor of it (a coarsening, which reveals nothing the finest grid does not), never another grid:
     #: histograms over crossing grids could be differenced into cells narrower than either.
     histogram_bins: int = 1000
 

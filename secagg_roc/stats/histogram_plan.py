@@ -207,7 +207,8 @@ def score_histogram(study: "Study", label: str, score: str, bins: int | None = N
                     *, epsilon: float | None = None, strategy: str = "uniform") -> ScoreHistogram:
     """Per-class score histogram over the sites (see the module docstring); its metrics are post-processing.
 
-    `bins`: the policy's ``histogram_bins`` (default) or a divisor of it.
+    `bins`: the policy's ``histogram_bins`` (default) or, for the DP models, a divisor of it (any number up to
+    2^20 where ``min_cell_count = 1``).
     `privacy`: "federated" (exact totals, small cells withheld at each site),
     "distdp" or "localdp" (epsilon-DP, `epsilon` at most the policy's
     ``dp.epsilon``, its default; charged to every contributing site's budget).

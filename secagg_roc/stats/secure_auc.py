@@ -114,8 +114,9 @@ def secure_auc_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step,
 def secure_auc(study: "Study", label: str, score: str, *, bins: int | None = None) -> SecureAuc:
     """The pooled AUC over the sites, revealing only the AUC (see the module docstring).
 
-    `bins`: the policy's ``histogram_bins`` (default) or a divisor of it; scores
-    on a grid of at most that many values give the exact empirical AUC.
+    `bins`: the policy's ``histogram_bins`` (the default, and the only grid while small cells are withheld;
+    any number up to 2^20 where ``min_cell_count = 1``); scores on a grid of at most that many values give
+    the exact empirical AUC.
     """
     federation = getattr(study, "federation", None)
     if federation is not None:  # refused before the run starts, not after its join
