@@ -2,7 +2,8 @@
 
 Run by each Site of a ``scheme = "pairwise"`` study (its `SiteAgent`). Before
 the site answers a secure-sum round it runs the key agreement through the one
-aggregator (outbound only: it posts its messages and polls for the others',
+aggregator (a task of its own, `agreement`, not waited for under the agent's
+lock: the rounds after it go on meanwhile; outbound only: it posts its messages and polls for the others',
 `pairwise_routes`): it computes the round's public parameters itself
 (`pairwise.rounds.plan_round`, from the query and the round's sites, as the
 server and the embedded federation do), advertises fresh keys, shares its

@@ -11,6 +11,9 @@ Protocol (the plan is `stats.bootstrap`):
   over all records (predictions clipped to the public probability range).
   A replicate that weights fewer than ``min_weighted`` of the site's
   records is drawn again, so every replicate total covers at least q records.
+  Where the round names an ``atom`` (dropouts allowed), a site refuses
+  replicates that the least atom holding it would pair into cells of fewer
+  than min_cell_count records (`_check_atom`).
 * ``roc.bootstrap_auc`` and ``roc.bootstrap_sensitivity`` (the non-private
   validation mode only: under DP the plan computes its replicates from the
   release alone) pair the site's cases with the pooled released controls
