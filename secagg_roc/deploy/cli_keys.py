@@ -38,7 +38,7 @@ Files are written where the study file says (by default relative to its folder):
 Private keys are unencrypted PEM files with mode 0600: file permissions are
 their only protection. Existing files are never replaced unless --force is given.
 
-  keys add NAME       issue a key and certificate for one party with the existing CA: a
+  keys add NAME       make a key and certificate for one party with the existing CA: a
                       hospital added to the study file later; no other party's files change
                       (--replace: new keys for a party that has some, e.g. after a revocation)
   keys revoke NAME    put NAME's current certificate on crl.pem; hand the new crl.pem to every
