@@ -11,7 +11,7 @@
 - `http`: `AggregatorClient`, the client side of that protocol, and `retry`;
   `http_bulk`: its bulk path (large bodies over a blocking socket in a worker thread).
 - `tls_errors`: what a TLS failure means for the operator who must fix it.
-- `revocation`: the study's revocation list (``crl.pem``) and the aggregators' check of it.
+- `revocation`: the study's revocation list (``crl.pem``) and every party's check of it.
 - `cli_keys`: the ``secagg-roc keys`` subcommand (and ``keys add``, ``keys revoke``).
 - `cli_services`: the ``secagg-roc aggregator`` and ``site`` subcommands;
   `site_check`: ``secagg-roc site check``; `cli_analyze`: ``secagg-roc analyze``;
@@ -29,7 +29,10 @@
 - `site_answers`: a site's answers, computed once and logged before they are sent.
 - `site_compaction`: a site's log as a snapshot (ledger, noise state, round numbers, ended runs) plus
   its live runs' rounds; restored on start.
-- `site_agent`: the site agent (outbound connections only) on top of them; `site_process`: its process.
+- `site_agent`: the site agent (outbound connections only) on top of them, with `site_offers` (rounds
+  enough aggregators offer), `site_fetch` (releases, and the limits of replies), `site_deferred` (rounds
+  waiting for a previous release or a key agreement, each answered by a task of its own) and
+  `site_pairwise` (pairwise masking's site side); `site_process`: its process.
 - `party_process`: stopping a party process on a signal or EOF, announcing readiness.
 - `remote_study`: `RemoteStudy`, the analyst's `Study` over the network.
 - `store`: the SQLite log that makes every party survive a restart.
