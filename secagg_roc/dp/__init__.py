@@ -1,4 +1,6 @@
-"""Differential privacy for the distributed ROC-GLM: Gaussian mechanisms and l2-sensitivity."""
+"""Differential privacy: Gaussian mechanisms and the l2-sensitivity (exported here), the policy's DP part
+(`dp.policy`: `DPPolicy`, `DPRequest`), discrete noise for histograms (`dp.discrete`) and budget accounting
+(`dp.accounting`)."""
 
 from .gaussian import (
     MECHANISMS,
