@@ -149,6 +149,26 @@ def test_help_texts_promise_what_is_written_and_mention_no_issue() -> None:
         assert done.returncode == 0 and "issue" not in done.stdout.lower(), (command[1], done.stderr[-500:])
 
 
+
+def _every_parser(parser, path=()):
+    """(command path, parser) for the CLI's parser and every subcommand's, nested ones included."""
+    import argparse
+
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, child in action.choices.items():
+                yield from _every_parser(child, path + (name,))
+
+
+def test_every_subcommands_help_mentions_no_issue() -> None:
+    from secagg_roc.cli import build_parser
+
+    seen = {" ".join(path): parser.format_help() for path, parser in _every_parser(build_parser())}
+    assert {"demo", "keys", "site", "simulate", "analyze", "status"} <= set(seen), sorted(seen)
+    bad = [path for path, text in seen.items() if re.search(r"\bissue", text, re.IGNORECASE)]
+    assert bad == [], f"help texts using the barred word: {bad}"
+
 # --------------------------------------------------------------------------- item 5: keys for one party
 
 
