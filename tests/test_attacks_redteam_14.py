@@ -1,0 +1,190 @@
+"""Red team, round 14: a GLM's exact Fisher rounds solved over the integers into the covariate x label table
+(embedded `Study.local`, default policy, the library API only; `analyst_spy.Spy` reads every released total).
+
+Hole found (the test failed before its fix):
+
+1. Red team 13 played a logit and a probit `fit_glm` of a label over a covariate of 12 levels at each site (more
+   than `CATEGORICAL_LEVELS` = 10, so no categorical cell rule judged it): every released total (column sums and
+   squared deviations, each Fisher round's scores, informations and deviance) is linear in the pooled (level x
+   label) table with coefficients the analyst knows (the released coefficients give every iterate), 24 unknowns,
+   and real-valued least squares solved no cell. But the totals are fixed-point sums, exact to K 2^-(f+1), and
+   the cells are non-negative integers: scaled by those bounds, the equations of one probit fit (~40-50 totals)
+   determine 21 of the 24 directions to better than a record and the rest are too thin to hold a second integer
+   point. A bounded integer program (`scipy.optimize.milp`, the cell's least and greatest value over the integer
+   points meeting every direction's bound) gave every one of the 24 cells exactly, the lone patient's level and
+   label among them: 3 seeds of 12 levels, every small cell (1..4 records) of each, with one probit fit alone
+   and with a logit and a probit fit together; one logit fit alone (fewer rounds) pinned the level counts only.
+   Fixed at the sites (`queries.design_rows.design_cells`, run at a GLM run's join): when the joint rows of
+   the covariates (and weights) take at most `MAX_DESIGN_ROWS` distinct values at a site and some repeat, every
+   cell of their cross-table with the label holds 0 or at least min_cell_count records, or the site refuses; the
+   refusal names the rule, never a count or a value. Cost, measured below: continuous covariates (rows all
+   distinct), designs of more rows, and few-level covariates with large cells keep running, and so do the fits on
+   the real data sets of tests/test_glm.py.
+
+Attacks that held (asserted below, or played once):
+
+* (see `MEASURED` below for the integer program against 16, 24, 32 and 48 levels.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+import secagg_roc as sr
+from analyst_spy import Spy
+from secagg_roc.queries.design_rows import MAX_DESIGN_ROWS
+from secagg_roc.stats.families import fisher_parts
+
+LEVELS = 12
+
+
+def _sites(levels: int = LEVELS, seed: int = 0) -> dict:
+    """Three sites of 60..89 records whose covariate x takes levels 1..`levels`, the higher ones rarer, and whose
+    label y grows more likely with x: the pooled table has cells of a few records (a lone patient's)."""
+    rng = np.random.default_rng(seed)
+    share = np.exp(-0.15 * np.arange(levels))
+    data = {}
+    for k in range(3):
+        n = int(rng.integers(60, 90))
+        x = (rng.choice(levels, n, p=share / share.sum()) + 1).astype(float)
+        y = (rng.random(n) < 1 / (1 + np.exp(1.0 - 0.25 * (x - levels / 3)))).astype(int)
+        data[f"h{k}"] = {"y": y, "x": x}
+    return data
+
+
+def _pooled_table(data: dict, levels: int) -> np.ndarray:
+    """[records at level 1..L, cases at level 1..L] over all sites."""
+    x = np.concatenate([d["x"] for d in data.values()])
+    y = np.concatenate([d["y"] for d in data.values()])
+    return np.r_[np.bincount(x.astype(int) - 1, minlength=levels), np.bincount(x.astype(int) - 1, y, levels)]
+
+
+class _Rounds:
+    """Every GLM round's public parameters, precision and totals as the analyst received them (on top of `Spy`)."""
+
+    def __init__(self, spy: Spy):
+        self.calls: list = []
+        aggregate = spy.study.aggregate
+
+        def agg(query, params=None, *, frac_bits=None):
+            totals = aggregate(query, params, frac_bits=frac_bits)
+            self.calls.append((query, params or {}, frac_bits, totals))
+            return totals
+
+        spy.study.aggregate = agg
+
+    def equations(self, levels: int, n_sites: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Rows A over [m_1..m_L, s_1..s_L] (records, cases per level), totals b and each total's bound t."""
+        xv, rows, totals, bounds = np.arange(1.0, levels + 1), [], [], []
+        zero = np.zeros(levels)
+
+        def add(row, total, fb):
+            rows.append(row)
+            totals.append(float(np.ravel(total)[0]))
+            bounds.append(n_sites * 2.0 ** -(fb + 1) * 1.01 + 1e-9)  # each site's total rounded to 2^-fb
+
+        for query, params, fb, tot in self.calls:
+            if query == "glm.means" and params["design"].get("X"):
+                add(np.r_[xv, zero], tot["sum"], fb)
+            elif query == "glm.ssd":
+                add(np.r_[(xv - np.ravel(params["center"])[0]) ** 2, zero], tot["ssd"], fb)
+            elif query == "glm.fisher" and params["design"].get("X"):
+                Z = np.column_stack([np.ones(levels), (xv - params["center"][0]) / params["scale"][0]])
+                one = [fisher_parts(np.ones(1), Z[i:i + 1], np.ones(1), params["beta"], params["family"])
+                       for i in range(levels)]
+                nil = [fisher_parts(np.zeros(1), Z[i:i + 1], np.ones(1), params["beta"], params["family"])
+                       for i in range(levels)]
+                parts = [(lambda r, j=j: r[0][j], np.ravel(tot["score"])[j]) for j in range(2)]
+                info = np.asarray(tot["info"], float).reshape(2, 2)
+                parts += [(lambda r, i=i, j=j: r[1][i, j], info[i, j]) for i, j in ((0, 0), (0, 1), (1, 1))]
+                parts += [(lambda r: r[2], tot["deviance"])]
+                for pick, total in parts:
+                    c0, c1 = np.array([pick(r) for r in nil]), np.array([pick(r) for r in one])
+                    add(np.r_[c0, c1 - c0], total, fb)
+        rows.append(np.r_[np.ones(levels), zero])  # the records of the run (public)
+        totals.append(float(sum(np.ravel(t["rows"])[0] for q, _, _, t in self.calls if q == "glm.means")
+                            / max(1, sum(q == "glm.means" for q, _, _, _ in self.calls))))
+        bounds.append(0.5)
+        return np.array(rows), np.array(totals), np.array(bounds)
+
+
+def integer_range(A: np.ndarray, b: np.ndarray, t: np.ndarray, cell: int, upper: float) -> tuple[float, float]:
+    """The least and greatest value of `cell` over integer tables in [0, upper] meeting every equation, by
+    directions: scaled by their bounds, the singular directions of A each bound v.n within sqrt(#eq) / sigma."""
+    U, S, Vt = np.linalg.svd(A / t[:, None], full_matrices=False)
+    centre = (U.T @ (b / t)) / S
+    half = np.sqrt(len(b)) / S
+    keep = half < 1e6
+    cons = LinearConstraint(Vt[keep], centre[keep] - half[keep], centre[keep] + half[keep])
+    d = A.shape[1]
+    out = []
+    for sign in (1.0, -1.0):
+        cost = np.zeros(d)
+        cost[cell] = sign
+        r = milp(cost, constraints=cons, integrality=np.ones(d), bounds=Bounds(0, upper),
+                 options={"time_limit": 120})
+        out.append(np.nan if r.x is None else round(float(r.x[cell])))
+    return out[0], out[1]
+
+
+def _attack(data: dict, levels: int, families=("probit",)) -> tuple[Spy, dict | None]:
+    """Fit the families, then each small pooled cell's (1..4 records) integer range from every released total:
+    {cell: (least, greatest)}, or None if no Fisher round was released."""
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    rounds = _Rounds(spy)
+    for family in families:
+        spy.attempt(sr.fit_glm, "y", "x", family=family)
+    if not any(q == "glm.fisher" for q, *_ in rounds.calls):
+        return spy, None
+    A, b, t = rounds.equations(levels, len(data))
+    truth = _pooled_table(data, levels)
+    assert np.max(np.abs(A @ truth - b) / t) <= 1.0  # the equations are the analyst's exact view
+    small = np.nonzero((truth >= 1) & (truth <= 4))[0]
+    return spy, {int(c): integer_range(A, b, t, int(c), float(truth[:levels].sum())) for c in small}
+
+
+def test_a_probit_fit_over_twelve_levels_does_not_give_the_small_cells_of_the_table():
+    data = _sites()
+    truth = _pooled_table(data, LEVELS)
+    assert ((truth >= 1) & (truth <= 4)).any()
+    spy, found = _attack(data, LEVELS)
+    pinned = {} if found is None else {c: r for c, r in found.items() if r[0] == r[1]}
+    assert pinned == {}, f"cells of 1..4 records read off one probit fit (cell: value): {pinned}"
+    assert spy.released() == [] and "cross-table with y has a cell of fewer than 5 records" in spy.refusal()
+    # The refusal names the rule, never a count or a value: the same for other data.
+    other = Spy(sr.Study.local(_sites(seed=3), policy=sr.Policy(), seed=1))
+    other.attempt(sr.fit_glm, "y", "x", family="probit")
+    assert other.refusal() == spy.refusal()
+
+
+def _fits(data: dict, X="x", **kw) -> bool:
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    return spy.attempt(sr.fit_glm, "y", X, **kw) is not None
+
+
+@pytest.mark.parametrize("family", ["logit", "probit"])
+def test_honest_fits_keep_running_continuous_many_rows_and_large_cells(family):
+    rng = np.random.default_rng(4)
+    sites = {}
+    for k in range(3):
+        x = rng.normal(50, 10, 80)  # continuous: every row distinct
+        level = rng.integers(1, 5, 80).astype(float)  # four levels, cells of ~10 records
+        assert MAX_DESIGN_ROWS < 79
+        wide = np.r_[np.arange(1.0, MAX_DESIGN_ROWS + 2), rng.integers(1, 20, 79 - MAX_DESIGN_ROWS)]  # more rows
+        y = rng.permutation(np.r_[np.zeros(40, int), np.ones(40, int)])
+        sites[f"h{k}"] = {"y": y, "x": x, "level": level, "wide": wide, "both": np.column_stack([x, level])}
+    for X in ("x", "level", "wide", "both"):
+        assert _fits(sites, X, family=family), X
+    # The rule judges the design as a whole: a few-level covariate beside a continuous one is not a table.
+    assert _fits(sites, ["x", "level"], family=family)
+
+
+def test_a_few_level_covariate_with_a_small_cell_is_refused_whatever_its_levels_are():
+    """Twelve levels at one site, one of them held by a single case: refused; its levels moved apart (0.5 x^3,
+    so no longer on a grid of ones) refused alike, since the analyst may know any coding."""
+    data = _sites(seed=0)
+    assert not _fits(data)
+    cubed = {s: {"y": d["y"], "x": 0.5 * d["x"] ** 3} for s, d in data.items()}
+    assert not _fits(cubed)
