@@ -35,7 +35,7 @@ from .groups import _columns, coarse_weights
 from .registry import SiteData
 
 #: A design with at most this many distinct rows at a site (and some repeated) has its cells judged.
-MAX_DESIGN_ROWS = 64
+MAX_DESIGN_ROWS = 32
 
 
 def design_cells(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
@@ -59,7 +59,7 @@ def design_cells(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int)
         return []
     rows = np.unique(np.column_stack(cols), axis=0, return_inverse=True)[1].ravel()
     distinct = int(rows.max()) + 1
-    if distinct > MAX_DESIGN_ROWS or distinct >= n:
+    if distinct > MAX_DESIGN_ROWS or 2 * distinct > n:
         return []
     problems = []
     for name, label in labels:
