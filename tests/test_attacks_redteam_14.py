@@ -188,3 +188,53 @@ def test_a_few_level_covariate_with_a_small_cell_is_refused_whatever_its_levels_
     assert not _fits(data)
     cubed = {s: {"y": d["y"], "x": 0.5 * d["x"] ** 3} for s, d in data.items()}
     assert not _fits(cubed)
+
+
+def _two_flags(cell: int) -> dict:
+    """Binary A and D at three sites, every two-way cell of A, D and y large (15 records and more), but the
+    three-way cell A = D = y = 1 holds `cell` records at h1 and none elsewhere."""
+    data = {}
+    for k in range(3):
+        a, d, y = (np.arange(80) // 20) % 2, (np.arange(80) // 40) % 2, np.arange(80) % 2  # 10 of each triple
+        # the A = D = y = 1 records (but `cell` at h1) become A = D = 1, y = 0
+        y[np.flatnonzero((a == 1) & (d == 1) & (y == 1))[(cell if k == 1 else 0):]] = 0
+        data[f"h{k}"] = {"A": a.astype(float), "D": d.astype(float), "y": y.astype(int)}
+    return data
+
+
+def _two_flag_table(rounds: "_Rounds", n_sites: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rows = np.array([[0.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    A, b, t = [], [], []
+    for query, params, fb, tot in rounds.calls:
+        if query != "glm.fisher":
+            continue
+        Z = np.column_stack([np.ones(4), (rows - params["center"]) / params["scale"]])
+        one, nil = ([fisher_parts(np.full(1, v), Z[i:i + 1], np.ones(1), params["beta"], params["family"])
+                     for i in range(4)] for v in (1.0, 0.0))
+        info = np.asarray(tot["info"], float).reshape(3, 3)
+        parts = [(lambda r, j=j: r[0][j], np.ravel(tot["score"])[j]) for j in range(3)]
+        parts += [(lambda r, i=i, j=j: r[1][i, j], info[i, j]) for i in range(3) for j in range(i, 3)]
+        for pick, total in parts + [(lambda r: r[2], np.ravel(tot["deviance"])[0])]:
+            c0, c1 = np.array([pick(r) for r in nil]), np.array([pick(r) for r in one])
+            A.append(np.r_[c0, c1 - c0])
+            b.append(float(total))
+            t.append(n_sites * 2.0 ** -(fb + 1) * 1.01 + 1e-9)
+    return np.array(A), np.array(b), np.array(t)
+
+
+@pytest.mark.parametrize("cell", [1, 2])
+def test_a_probit_fit_over_two_flags_does_not_give_a_small_three_way_cell(cell):
+    """(Found with hole 1.) Every two-way table of A, D and y is judged (and large here); the probit fit over A and
+    D is linear in their three-way table, and its rounds pinned all 8 cells, A = D = y = 1 of `cell` records among
+    them, where the logit fit's (y only through X'y, the canonical link) left the cases' split open."""
+    data = _two_flags(cell)
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    rounds = _Rounds(spy)
+    spy.attempt(sr.fit_glm, "y", ["A", "D"], family="probit")
+    found = None
+    if any(q == "glm.fisher" for q, *_ in rounds.calls):
+        A, b, t = _two_flag_table(rounds, len(data))
+        found = integer_range(A, b, t, 7, 240.0)  # the cases where A = D = 1
+    assert found is None or found[0] != found[1], f"the cases where A = D = 1 read off the fit: {found}"
+    assert spy.released() == [] and "cross-table with y has a cell of fewer than 5 records" in spy.refusal()
+    assert _fits(_two_flags(5), ["A", "D"], family="probit")  # a three-way cell of 5 records: runs
