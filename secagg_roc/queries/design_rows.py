@@ -16,13 +16,22 @@ only, and each column alone.
 
 So a site judges the design as a whole: when the joint rows of the analysis's
 covariate and weight columns take at most `MAX_DESIGN_ROWS` distinct values at
-the site and some of them repeat (fewer distinct rows than records), every cell
-of their cross-table with each label holds 0 or at least ``min_cell`` records.
-Pooled cells are then sums of such cells, 0 or at least ``min_cell`` too.
-A continuous covariate (rows all distinct) is not judged; nor is a design of
-more rows, where the integer program found no cell (held at 24 levels and more;
-see tests/test_attacks_redteam_14.py). The refusal names the rule, never a
-count or a value.
+the site, each held by two records on average (at most half as many distinct
+rows as records, as for a categorical column), every cell of their
+cross-table with each label holds 0 or at least ``min_cell`` records. Pooled
+cells are then sums of such cells, 0 or at least ``min_cell`` too. The same
+attack gave the three-way table of two flags and a label, every two-way cell
+large, from one probit fit over both flags: the rule judges the joint rows, not
+each column. (A logit fit gives the cases only through X'y, the canonical
+link's sufficient statistic: it pinned the rows' counts, not their labels.)
+The integer program pinned every small cell at 16 levels and some at 24, so
+the bound is 32. A continuous covariate (rows all distinct) is not judged, nor
+a design of more rows (GBSG2 over 2-5 sites: age and tumour size, 42-50 values
+a site, still fit alone; pnodes, 21-26 a site, is refused alone, though the
+integer program solved nothing over its 51 grid levels within its time limit),
+nor a small site whose rows are mostly distinct (see
+tests/test_attacks_redteam_14.py). The refusal names the rule, never a count
+or a value.
 """
 
 from __future__ import annotations
@@ -34,7 +43,8 @@ import numpy as np
 from .groups import _columns, coarse_weights
 from .registry import SiteData
 
-#: A design with at most this many distinct rows at a site (and some repeated) has its cells judged.
+#: A design with at most this many distinct rows at a site (each held by two records on average) has its cells
+#: judged.
 MAX_DESIGN_ROWS = 32
 
 
