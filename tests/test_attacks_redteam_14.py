@@ -34,6 +34,8 @@ Attacks that held (played once):
 * the integer program against GBSG2's pnodes (51 integer levels, 102 unknowns, 27 directions determined by a
   probit and a logit fit over three sites): none of the 6 small cells tried solved within 60 s each (the fit is
   refused now anyway); age alone (60 levels) determined 10 of 120 directions, too few to try;
+* small sites whose rows are mostly distinct (three of 30 records over 20 levels, not judged by the rule): one
+  probit fit determines 9 of 40 directions, and the lone patients' cells stay open (asserted below).
 """
 
 from __future__ import annotations
@@ -248,3 +250,25 @@ def test_a_probit_fit_over_two_flags_does_not_give_a_small_three_way_cell(cell):
     assert found is None or found[0] != found[1], f"the cases where A = D = 1 read off the fit: {found}"
     assert spy.released() == [] and "cross-table with y has a cell of fewer than 5 records" in spy.refusal()
     assert _fits(_two_flags(5), ["A", "D"], family="probit")  # a three-way cell of 5 records: runs
+
+
+def test_small_sites_whose_rows_are_mostly_distinct_run_and_give_no_lone_patients_cell():
+    """Held: three sites of 30 records over 20 levels, every level at every site (rows mostly distinct: not judged).
+    One probit fit determines 9 of the table's 40 directions to better than a record; the integer program leaves
+    each lone patient's cell open (0..~20)."""
+    levels, rng = 20, np.random.default_rng(0)
+    data = {}
+    for k in range(3):
+        x = rng.permutation(np.r_[np.arange(1, levels + 1), rng.integers(1, levels + 1, 10)]).astype(float)
+        data[f"h{k}"] = {"y": rng.permutation(np.r_[np.zeros(15, int), np.ones(15, int)]), "x": x}
+    truth = _pooled_table(data, levels)
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    rounds = _Rounds(spy)
+    assert spy.attempt(sr.fit_glm, "y", "x", family="probit") is not None
+    A, b, t = rounds.equations(levels, len(data))
+    assert np.max(np.abs(A @ truth - b) / t) <= 1.0
+    directions = int((np.linalg.svd(A / t[:, None], compute_uv=False) > 1).sum())
+    assert directions <= 12, directions  # 9 when played
+    for cell in [c for c in np.nonzero(truth == 1)[0]][:2]:
+        low, high = integer_range(A, b, t, int(cell), 90.0)
+        assert not low == high == 1, (cell, low, high)
