@@ -24,8 +24,8 @@ attack gave the three-way table of two flags and a label, every two-way cell
 large, from one probit fit over both flags: the rule judges the joint rows, not
 each column. (A logit fit gives the cases only through X'y, the canonical
 link's sufficient statistic: it pinned the rows' counts, not their labels.)
-The integer program pinned every small cell at 16 levels and some at 24, so
-the bound is 32. A continuous covariate (rows all distinct) is not judged, nor
+The integer program pinned every small cell at 16 levels, some at 24 and none
+of those tried at 32, so the bound is 32. A continuous covariate (rows all distinct) is not judged, nor
 a design of more rows (GBSG2 over 2-5 sites: age and tumour size, 42-50 values
 a site, still fit alone; pnodes, 21-26 a site, is refused alone, though the
 integer program solved nothing over its 51 grid levels within its time limit),
