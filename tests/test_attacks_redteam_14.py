@@ -14,8 +14,8 @@ Holes found (each test failed before its fix):
    integer tables meeting every direction's bound, `scipy.optimize.milp`) gave every one of the 24 cells
    exactly, a lone patient's level and label among them: every small cell (1..4 records) of 3 seeds at 12 levels
    with one probit fit alone, and with a logit and a probit fit together; all 10 small cells at 16 levels; 2 of
-   the 3 tried at 24 levels (the third not solved in 150 s); none of 3 at 32 levels (26 of 64 directions). One logit fit alone pinned the level counts only
-   (the canonical link gives the cases through X'y alone).
+   the 3 tried at 24 levels (the third not solved in 150 s); none of 3 at 32 levels (26 of 64 directions). One
+   logit fit alone pinned the level counts only (the canonical link gives the cases through X'y alone).
 2. The same program against a probit fit over two flags A and D: their three-way table with the label, every
    two-way cell large (the rules judged those), pinned whole, a cell A = D = y = 1 of one record among them.
 Both fixed at the sites (`queries.design_rows.design_cells`, run at a GLM run's join): when the joint rows of the
@@ -23,8 +23,8 @@ covariates (and weights) take at most `MAX_DESIGN_ROWS` = 32 distinct values at 
 on average, every cell of their cross-table with the label holds 0 or at least min_cell_count records, or the
 site refuses; the refusal names the rule, never a count or a value. Cost, measured: continuous covariates,
 designs of more rows and few-level covariates with large cells keep running (below), and so does every GLM of
-the ~500 tests run near the change but red team 6's two-factor data, whose random label left cells of a few records at a site in the
-three-way table (now five of each label per cell). On GBSG2 split over 2, 3 or 5 sites, fits of the label over
+the ~680 tests run near the change but red team 6's two-factor data, whose random label left cells of a few
+records at a site in the three-way table (now five of each label per cell). On GBSG2 split over 2, 3 or 5 sites, fits of the label over
 age or tumour size alone (42-50 values a site), and over all covariates (2 or 3 sites), still run; over pnodes
 alone (21-26 values a site) the sites now refuse; over one binary or three-level covariate nothing changed
 (aSAH's fits were refused by the older rules already).
