@@ -19,15 +19,15 @@ Holes found (each test failed before its fix):
 2. The same program against a probit fit over two flags A and D: their three-way table with the label, every
    two-way cell large (the rules judged those), pinned whole, a cell A = D = y = 1 of one record among them.
 Both fixed at the sites (`queries.design_rows.design_cells`, run at a GLM run's join): when the joint rows of the
-covariates (and weights) take at most `MAX_DESIGN_ROWS` = 32 distinct values at a site, each held by two records
-on average, every cell of their cross-table with the label holds 0 or at least min_cell_count records, or the
-site refuses; the refusal names the rule, never a count or a value. Cost, measured: continuous covariates,
-designs of more rows and few-level covariates with large cells keep running (below), and so does every GLM of
-the ~680 tests run near the change but red team 6's two-factor data, whose random label left cells of a few
-records at a site in the three-way table (now five of each label per cell). On GBSG2 split over 2, 3 or 5 sites, fits of the label over
-age or tumour size alone (42-50 values a site), and over all covariates (2 or 3 sites), still run; over pnodes
-alone (21-26 values a site) the sites now refuse; over one binary or three-level covariate nothing changed
-(aSAH's fits were refused by the older rules already).
+covariates (and weights) take at most `MAX_DESIGN_ROWS` = 32 distinct values at a site, each held by two records on
+average, every cell of their cross-table with the label holds 0 or at least min_cell_count records, or the site
+refuses; the refusal names the rule, never a count or a value. Cost, measured: continuous covariates, designs of
+more rows and few-level covariates with large cells keep running (below), and so does every GLM of the ~680 tests
+run near the change but red team 6's two-factor data, whose random label left cells of a few records at a site in
+the three-way table (now five of each label per cell). On GBSG2 split over 2, 3 or 5 sites, fits of the label over
+age or tumour size alone (42-50 values a site), and over all covariates (2 or 3 sites), still run; over pnodes alone
+(21-26 values a site) the sites now refuse; over one binary or three-level covariate nothing changed (aSAH's fits
+were refused by the older rules already).
 
 Attacks that held (played once):
 
