@@ -13,8 +13,8 @@ Holes found (each test failed before its fix):
    integer point. A bounded integer program (`integer_range`: the cell's least and greatest value over the
    integer tables meeting every direction's bound, `scipy.optimize.milp`) gave every one of the 24 cells
    exactly, a lone patient's level and label among them: every small cell (1..4 records) of 3 seeds at 12 levels
-   with one probit fit alone, and with a logit and a probit fit together; all 10 small cells at 16 levels; 2 of
-   the 3 tried at 24 levels (the third not solved in 150 s); none of 3 at 32 levels (26 of 64 directions). One
+   with one probit fit alone, and with a logit and a probit fit together; all 10 small cells at 16 levels; 5 of
+   the 6 tried at 24 levels over 2 seeds (the sixth not solved in 150 s); none of 3 at 32 levels (26 of 64 directions). One
    logit fit alone pinned the level counts only (the canonical link gives the cases through X'y alone).
 2. The same program against a probit fit over two flags A and D: their three-way table with the label, every
    two-way cell large (the rules judged those), pinned whole, a cell A = D = y = 1 of one record among them.
