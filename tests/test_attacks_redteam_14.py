@@ -14,8 +14,8 @@ Holes found (each test failed before its fix):
    integer tables meeting every direction's bound, `scipy.optimize.milp`) gave every one of the 24 cells
    exactly, a lone patient's level and label among them: every small cell (1..4 records) of 3 seeds at 12 levels
    with one probit fit alone, and with a logit and a probit fit together; all 10 small cells at 16 levels; 5 of
-   the 6 tried at 24 levels over 2 seeds (the sixth not solved in 150 s); none of 3 at 32 levels (26 of 64 directions). One
-   logit fit alone pinned the level counts only (the canonical link gives the cases through X'y alone).
+   the 6 tried at 24 levels over 2 seeds (the sixth not solved in 150 s); none of 3 at 32 levels (26 of 64
+   directions). One logit fit alone pinned the level counts only (the canonical link gives the cases through X'y alone).
 2. The same program against a probit fit over two flags A and D: their three-way table with the label, every
    two-way cell large (the rules judged those), pinned whole, a cell A = D = y = 1 of one record among them.
 Both fixed at the sites (`queries.design_rows.design_cells`, run at a GLM run's join): when the joint rows of the
