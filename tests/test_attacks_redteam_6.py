@@ -233,14 +233,15 @@ def test_honest_three_valued_codes_beside_flags_still_run():
 
 def _two_factors(both: int) -> dict:
     """Factor F (levels A, B, C; one-hot A, B) and G (D, E, H; one-hot D, E): every cell of F x G holds 10
-    records, but C x H holds `both` at h1 and none elsewhere."""
+    records, but C x H holds `both` at h1 and none elsewhere. Each cell of F x G holds five records of each label
+    (a GLM over two of the columns gives their joint table with y: `queries.design_rows`, red team 14)."""
     rng = np.random.default_rng(0)
     data = {}
     for k in range(3):
         n = 90
         f, g = np.arange(n) % 3, (np.arange(n) // 3) % 3
         f[np.flatnonzero((f == 2) & (g == 2))[(both if k == 1 else 0):]] = 0
-        data[f"h{k}"] = {"y": (rng.random(n) < .5).astype(np.int64), "A": (f == 0).astype(np.int64),
+        data[f"h{k}"] = {"y": (np.arange(n) // 9) % 2, "A": (f == 0).astype(np.int64),
                          "B": (f == 1).astype(np.int64), "D": (g == 0).astype(np.int64),
                          "E": (g == 1).astype(np.int64), "x": np.round(rng.normal(60, 10, n), 1)}
     return data

@@ -35,6 +35,10 @@ checks its own records, as DataSHIELD's ``nfilter.tab`` checks factor levels:
   rare binary jittered into distinct values, is a small group in effect, and
   the GLM's sum of y * x would be the outlier's label.
 
+For the GLM the design is also judged as a whole (`queries.design_rows`): the
+joint table of its few distinct covariate rows with the label, whose cells the
+fit's exact rounds give (however many levels each column has).
+
 A site whose data fail does not join the run; the refusal names the check,
 never a count or a value. What these checks cannot see -- a continuous
 covariate an analyst knows for every record -- is a residual the policy limits

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..queries.copies import column_copies
+from ..queries.design_rows import design_cells
 from ..queries.groups import policy_pool, small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
@@ -196,6 +197,8 @@ def _small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     # The score vector and information at beta = 0 are cross-tables of the response and the covariates.
     uses = _glm_uses(args)
     problems = small_groups(data, uses, policy.min_cell_count, pool=policy_pool(policy, data))
+    # Few distinct design rows: the fit's totals are linear in their table with the label (red team 14).
+    problems = problems or design_cells(data, uses, policy.min_cell_count)
     return problems or column_copies(data, uses, policy.min_cell_count)
 
 
