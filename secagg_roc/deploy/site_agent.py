@@ -120,7 +120,8 @@ class SiteAgent(SiteAnswers):
         self._stopping = False
         #: Rounds waiting for a previous release or their key agreement, each answered by a task of its own.
         self.deferred = DeferredRounds(self._process, self._tasks, lambda: self._stopping,
-                                       give_up_s=(ABANDON_FACTOR + 1.0) * config.round_timeout_s)
+                                       give_up_s=(ABANDON_FACTOR + 1.0) * config.round_timeout_s,
+                                       limit=4 * config.max_open_rounds * len(self.clients))
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
 
     # -- the loop ----------------------------------------------------------------

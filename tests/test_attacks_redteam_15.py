@@ -1,0 +1,199 @@
+"""Red team, round 15: raw messages against REAL deployed processes (`LocalCluster`, mutual TLS), aimed at what
+the twelfth session changed: rounds a site agent cannot answer yet, each answered by a task of its own
+(`deploy.site_deferred`), pairwise key agreement as a task (`site_pairwise`), and the analyst client's retry of
+a taken round number (`round_open.OPEN_ATTEMPTS`). The analyst colludes with all but one aggregator.
+
+Holes found (each test below failed before its fix):
+
+1. A site agent held a task for every round that waited, without bound. Under Shamir 2-of-3 the two
+   aggregators with the analyst are as many as a round needs offers (`site_offers`), so they alone make a site
+   answer a join (the analyst's own run) and then offer "step 1" of that run under any number of round
+   numbers, each a new query. Every one of them waits for the join's release, which the two never send (they
+   hold the release request open): `DeferredRounds.defer` made a task for each, kept for (ABANDON_FACTOR + 1)
+   round timeouts (15 min at the default 300 s). Each costs about 3.6 KiB in the site agent (in process:
+   50,000 waiting rounds, 180 MiB); a feed reply holds thousands of such queries and a site takes in about
+   ten thousand a second, so within one round timeout the analyst could grow a site agent by gigabytes. Here:
+   20,000 such rounds grew site-a by ~80 MiB. Fixed in `site_deferred`: at most `4 * max_open_rounds` rounds
+   per aggregator wait at once (an honest aggregator keeps at most max_open_rounds open, and a waiting round
+   ends with its wait); a round beyond that is not answered (one warning line), as a round offered by too few
+   aggregators is not: it costs that round, never memory.
+
+Attacks that held (asserted below, or played once):
+
+* see the end of this docstring (filled in as the session goes on).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from secagg_roc.deploy.http_protocol import pack_feed
+from secagg_roc.deploy.local_cluster import LocalCluster
+from secagg_roc.deploy.tls import peer_identity, server_ssl_context
+
+from deploy_client import join_query, make_query
+from test_deploy_schemes import make_data
+
+pytestmark = [pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
+
+
+def _http(status: int, body: bytes = b"") -> bytes:
+    return f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
+
+
+def _rss_mib(cluster: LocalCluster, party: str) -> float:
+    status = (Path("/proc") / str(cluster.procs[party].pid) / "status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("VmRSS:"))) / 1024
+
+
+def _wait(predicate, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"timed out waiting for {what}")
+
+
+class _Colluder:
+    """An aggregator with the analyst: its real certificate and port, a feed of the analyst's making (`entries`,
+    the first `head` served at once, the rest once `go` is set), release requests held open."""
+
+    def __init__(self, cluster: LocalCluster, name: str, entries: list[tuple[int, bytes]], head: int = 1,
+                 chunk: int = 1000, pace: list | None = None):
+        cfg = next(a for a in cluster.config.aggregators if a.name == name)
+        self.cfg, self.entries, self.head, self.chunk = cfg, entries, head, chunk
+        self.study_id = cluster.config.study_id
+        self.ctx = server_ssl_context(cluster.config.ca_cert, cfg.cert, cfg.key)
+        self.requests: list[tuple[str, str]] = []
+        #: The colluders' cursors (shared): none serves more than `chunk` entries ahead of the slowest, so the
+        #: site sees each round's two offers close together (its book keeps 4,096 offers per aggregator).
+        self.pace = pace if pace is not None else []
+        self.pace.append(0)
+        self.me = len(self.pace) - 1
+        self.posted = threading.Event()
+        self.go = threading.Event()  # set: the rest of the feed is served too
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
+        self.thread.start()
+        started.wait(10)
+
+    def _run(self, started: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.server = self.loop.run_until_complete(
+            asyncio.start_server(self._serve, self.cfg.host, self.cfg.port, ssl=self.ctx, reuse_address=True))
+        started.set()
+        self.loop.run_forever()
+
+    def count(self, prefix: str) -> int:
+        return sum(1 for _, p in list(self.requests) if p.startswith(prefix))
+
+    async def _reply(self, method: str, path: str) -> bytes | None:
+        if path == "/v1/info":
+            return _http(200, ('{"study": "%s", "aggregator": "%s", "next_number": 1, "open_rounds": 0}'
+                               % (self.study_id, self.cfg.name)).encode())
+        if path.startswith("/v1/feed"):
+            since = int(parse_qs(urlsplit(path).query)["since"][0])
+            served = len(self.entries) if self.go.is_set() else self.head
+            if since >= served:
+                await asyncio.sleep(1.0)  # a long poll that ends empty
+                return _http(200, b"".join(pack_feed(since, [])))
+            upto = min(served, since + self.chunk, min(self.pace) + self.chunk)
+            if upto <= since:
+                await asyncio.sleep(0.05)
+                return _http(200, b"".join(pack_feed(since, [])))
+            self.pace[self.me] = upto
+            return _http(200, b"".join(pack_feed(upto, self.entries[since:upto])))
+        if path == "/v1/message" or path == "/v1/refusal":
+            self.posted.set()
+            return _http(200, b"")  # (not a message: the site logs the push as refused, nothing else)
+        if path.startswith("/v1/release"):
+            await asyncio.sleep(120.0)  # held open: the release never comes
+            return None
+        return None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            if peer_identity(writer.get_extra_info("ssl_object"))[1] != "site":
+                return
+            head = await reader.readuntil(b"\r\n\r\n")
+            method, path = head.decode("latin-1").split(" ")[:2]
+            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")
+                           if h.lower().startswith(b"content-length")), 0)
+            await reader.readexactly(length)
+            self.requests.append((method, path))
+            out = await self._reply(method, path)
+            if out is not None:
+                writer.write(out)
+                await writer.drain()
+        except Exception:
+            pass
+        finally:
+            writer.close()
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self.server.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+# == hole 1: every waiting round held a task, without bound ====================================================
+
+FLOOD = 20_000
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads memory from /proc")
+def test_rounds_waiting_for_a_release_that_never_comes_hold_bounded_memory_at_a_site_agent(tmp_path) -> None:
+    """Hole 1: Shamir 2-of-3, agg-1 and agg-2 with the analyst. They offer a join of the analyst's run, which
+    site-a answers, then 20,000 rounds claiming to be step 1 of that run; each waits for the join's release,
+    which they hold back. The site agent's memory must not grow with the number of such rounds."""
+    cl = LocalCluster(tmp_path, make_data(4), n_aggregators=3, scheme="shamir", threshold=2, round_timeout_s=20.0,
+                      policy={"min_cell_count": 1, "allow_non_private": True}, allow_non_private=True)
+    with cl.start(sites=["site-a"]):
+        config = cl.config
+        first = 1000
+        join = join_query(config, first, "flood", "brier", {"label": "y", "score": "score"})
+        entries = [(first, b"".join(join.to_buffers()))]
+        entries += [(first + 1 + i, b"".join(make_query(config.study_id, first + 1 + i, "brier.sums",
+                                                            {"run": "flood", "step": 1, "k": i}).to_buffers()))
+                    for i in range(FLOOD)]
+        colluders: list[_Colluder] = []
+        pace: list[int] = []
+        try:
+            for name in ("agg-1", "agg-2"):
+                cl.stop_party(name)
+                colluders.append(_Colluder(cl, name, entries, pace=pace))
+            _wait(lambda: all(c.posted.is_set() for c in colluders), 30.0, "site-a to answer the analyst's join")
+            time.sleep(1.0)
+            before = _rss_mib(cl, "site-a")
+            for c in colluders:
+                c.go.set()
+            # both colluders served every entry, and site-a polled again past them (it read them all)
+            _wait(lambda: all(c.count(f"/v1/feed?since={len(entries)}&") for c in colluders), 60.0,
+                  "site-a to read every offered round")
+            time.sleep(1.0)
+            grew = _rss_mib(cl, "site-a") - before
+        finally:
+            for c in colluders:
+                c.close()
+        assert cl.procs["site-a"].poll() is None
+        log = cl.log_text("site-a")
+        waited = len(re.findall(r"waits for the release of round", log))
+        assert waited >= 1, log[-3000:]  # the attack was played: rounds did wait for the join's release
+        assert "Traceback" not in log, log[-3000:]
+        assert waited <= 4 * config.max_open_rounds * len(config.aggregators), waited
+        assert grew < 25.0, f"site-a grew by {grew:.1f} MiB with {waited} rounds waiting"
