@@ -18,6 +18,16 @@ Holes found (each test below failed before its fix):
    ends with its wait); a round beyond that is not answered (one warning line), as a round offered by too few
    aggregators is not: it costs that round, never memory.
 
+2. One aggregator with the analyst stopped an honest analyst client under Shamir. The client took the next
+   round number as the largest ``next_number`` any aggregator's /v1/info named; agg-3 (alone with the analyst,
+   below the threshold of 2) named one 3 * 2**32 above the others', which both honest aggregators refuse to
+   open (`MAX_NUMBER_GAP`): no round opened at all (TooFewAggregators), though the scheme goes on without one
+   aggregator; and since the twelfth session the client syncs again after each taken number
+   (`OPEN_ATTEMPTS`). A ``next_number`` that was no integer ended the client with a ValueError. Fixed in
+   `round_open.next_free_number` (used by `RemoteStudy._sync`): the largest number that as many aggregators as
+   the scheme needs would open, values that are not numbers left out; a number some aggregator used already is
+   refused there as taken, and the client syncs again.
+
 Attacks that held (asserted below, or played once):
 
 * see the end of this docstring (filled in as the session goes on).
@@ -26,6 +36,7 @@ Attacks that held (asserted below, or played once):
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import threading
 import time
@@ -33,6 +44,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 from secagg_roc.deploy.http_protocol import pack_feed
 from secagg_roc.deploy.local_cluster import LocalCluster
@@ -197,3 +210,57 @@ def test_rounds_waiting_for_a_release_that_never_comes_hold_bounded_memory_at_a_
         assert "Traceback" not in log, log[-3000:]
         assert waited <= 4 * config.max_open_rounds * len(config.aggregators), waited
         assert grew < 25.0, f"site-a grew by {grew:.1f} MiB with {waited} rounds waiting"
+
+
+# == hole 2: one lying aggregator's next round number stopped an honest analyst under Shamir ==================
+
+
+def test_an_aggregator_lying_about_the_next_round_number_does_not_stop_a_threshold_study(tmp_path) -> None:
+    """Hole 2: Shamir 2-of-3, agg-3 alone with the analyst (below the threshold) answers every /v1/info with a
+    next round number far above the honest ones (and hangs up on everything else). The honest analyst client
+    took the largest number any aggregator named, which both honest aggregators refuse (`MAX_NUMBER_GAP`), so
+    it could open no round at all; since the twelfth session it also syncs again on every taken number."""
+    import secagg_roc.stats as st
+    from secagg_roc.deploy.aggregator_state import MAX_NUMBER_GAP
+    from test_attacks_site_agent import EvilAggregator, http
+    from test_deploy_schemes import embedded
+
+    cl = LocalCluster(tmp_path, make_data(4), n_aggregators=3, scheme="shamir", threshold=2, round_timeout_s=20.0,
+                      policy={"min_cell_count": 1, "allow_non_private": True}, allow_non_private=True)
+    with cl.start():
+        local = embedded(cl, scheme="shamir", n_aggregators=3, threshold=2)
+        cl.stop_party("agg-3")
+        evil = EvilAggregator(cl, "agg-3")
+        info = {"study": cl.config.study_id, "aggregator": "agg-3", "index": 2, "n_aggregators": 3,
+                "sites": list(cl.site_names), "next_number": 3 * MAX_NUMBER_GAP, "open_rounds": 0,
+                "policy": cl.config.policy.digest()}
+        evil.analyst_reply = lambda m, p, b: http(200, json.dumps(info).encode()) if p == "/v1/info" else None
+        try:
+            with cl.study(round_timeout_s=20.0, poll_wait=2.0) as study:
+                got = float(st.brier_score(study, "y", "score"))
+        finally:
+            evil.close()
+        assert got == float(st.brier_score(local, "y", "score"))
+        assert evil.count("/v1/info") >= 1  # (the lie was told)
+
+
+@settings(max_examples=200, deadline=None)
+@given(base=hst.integers(0, 1 << 40), honest=hst.lists(hst.integers(0, 1 << 32), min_size=2, max_size=5),
+       liars=hst.lists(hst.one_of(hst.integers(0, 1 << 62), hst.text(max_size=3), hst.none()), max_size=4),
+       data=hst.data())
+def test_the_next_round_number_is_one_the_honest_aggregators_open_whatever_fewer_liars_name(base, honest, liars,
+                                                                                            data):
+    """Hole 2's rule (`round_open.next_free_number`): with `need` honest aggregators whose numbers are within
+    `MAX_NUMBER_GAP` of each other and fewer than `need` liars, the number is at or above every honest one (never
+    one they used) and within the gap of an honest one (opened there)."""
+    from secagg_roc.deploy.aggregator_state import MAX_NUMBER_GAP
+    from secagg_roc.deploy.round_open import next_free_number
+
+    honest = [base + h for h in honest]
+    need = data.draw(hst.integers(max(1, len(liars) + 1), max(len(honest), len(liars) + 1)))
+    if need > len(honest):
+        return
+    named = data.draw(hst.permutations(honest + liars))
+    number = next_free_number(named, need)
+    assert number >= max(honest)
+    assert any(0 <= number - h <= MAX_NUMBER_GAP for h in honest)
