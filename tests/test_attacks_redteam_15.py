@@ -30,7 +30,32 @@ Holes found (each test below failed before its fix):
 
 Attacks that held (asserted below, or played once):
 
-* see the end of this docstring (filled in as the session goes on).
+* rounds offered by fewer aggregators than a round needs (2 of 3 honest under additive sharing, one colluder
+  under Shamir) never reach `DeferredRounds` (`RoundOffers` first); with every aggregator honest the rounds
+  that wait are bounded by the aggregators' max_open_rounds, and each task ends with its wait or at
+  (ABANDON_FACTOR + 1) round timeouts (red team 12); flooding past `MAX_OFFERS_PER_AGGREGATOR` only evicts the
+  flooder's own offers, and a deferred round whose offers were evicted ends its task at its next try (played:
+  without the colluders' lock-step pacing above, 4,096 of 20,000 rounds waited);
+* a verdict cannot go stale between vetting and masking (read): `SitePairwise.agreement` vets under the lock
+  only to decide whether to make keys; the answer itself is `Site.answer` again under the agent's lock and the
+  Site's lock, after the agreement, against the ledger and plan of that moment (budget spent by another run
+  meanwhile, a plan moved on by a release taken in by `_take_release`, under the same Site lock); a round
+  refused then sends no masked input, its logged agreement is forgotten and it answers no unmask request (a
+  dropout: the neighbours' key shares remove its pairwise masks only, its self-mask stays);
+* one round answered twice or with another round's keys (read): one task per round number
+  (`DeferredRounds.deferred`), the answer computed once under the agent's lock (`answers` decides after), the
+  key agreement's client kept by round number in `Site.sessions` and popped once the round is answered; a key
+  agreement trimmed from `SitePairwise.logged` while still running (more than 4 x max_open_rounds unsettled)
+  would start afresh with new keys, which the honest server's relay refuses (one AdvertiseKeys a site a
+  round): a refusal, no second masking;
+* `OPEN_ATTEMPTS` (read, and hole 2 played): a colluding first aggregator answering "already used" to every
+  open makes an honest client try 8 numbers and give up (RoundError), no loop; under Shamir "already used"
+  from any other aggregator counts as its absence (`gather_quorum`); a number is never taken as another
+  round's: an aggregator that holds it for another query refuses it (the round id carries the query digest).
+
+Read, not played: the same query bytes under a number an honest aggregator still holds (an analysis repeated
+with identical parameters outside a run) would be taken as that round again; runs carry a fresh run id, so no
+plan's round is affected.
 """
 
 from __future__ import annotations

@@ -18,7 +18,8 @@ the analyst never opened. For each round it then:
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
    step t is (a round whose previous release is not here yet is answered by a task of its own once that
-   release is in, or tried again a second after its fetch gave up: it holds up no other round);
+   release is in, or tried again a second after its fetch gave up: it holds up no other round; at most
+   4 x max_open_rounds per aggregator wait at once, `site_deferred`);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
