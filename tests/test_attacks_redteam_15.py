@@ -28,6 +28,15 @@ Holes found (each test below failed before its fix):
    the scheme needs would open, values that are not numbers left out; a number some aggregator used already is
    refused there as taken, and the client syncs again.
 
+3. A pairwise server with the analyst made a site agent hold a key agreement, and a connection, for every
+   round it offered. Under pairwise masking the one server's offer is all a round needs, and every join of a
+   new run passes the site's policy, so each started its key agreement task at once
+   (`SitePairwise.agreement`), polling the server for up to a round timeout; a server that offers 300 joins
+   and never completes a key phase held 300 polls (connections) and tasks of site-a open at once, growing
+   with the rounds offered (an honest server keeps at most max_open_rounds open). Fixed in
+   `SitePairwise.agreement`: at most `keep` (4 x max_open_rounds) agreements run at once; a round beyond
+   waits for one of them to end (and beyond the deferred-round limit of hole 1 is not answered): 64 here.
+
 Attacks that held (asserted below, or played once):
 
 * rounds offered by fewer aggregators than a round needs (2 of 3 honest under additive sharing, one colluder
@@ -117,6 +126,7 @@ class _Colluder:
         self.pace.append(0)
         self.me = len(self.pace) - 1
         self.posted = threading.Event()
+        self.held = self.most_held = 0  # key-phase polls held open now, and at most
         self.go = threading.Event()  # set: the rest of the feed is served too
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -153,6 +163,16 @@ class _Colluder:
         if path == "/v1/message" or path == "/v1/refusal":
             self.posted.set()
             return _http(200, b"")  # (not a message: the site logs the push as refused, nothing else)
+        if path.startswith("/v1/pairwise"):  # (the only aggregator of a pairwise study)
+            if method == "POST":
+                return _http(200, b"")
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+            try:
+                await asyncio.sleep(120.0)  # a key phase that never completes
+            finally:
+                self.held -= 1
+            return None
         if path.startswith("/v1/release"):
             await asyncio.sleep(120.0)  # held open: the release never comes
             return None
@@ -289,3 +309,37 @@ def test_the_next_round_number_is_one_the_honest_aggregators_open_whatever_fewer
     number = next_free_number(named, need)
     assert number >= max(honest)
     assert any(0 <= number - h <= MAX_NUMBER_GAP for h in honest)
+
+
+# == hole 3: a pairwise server's rounds each held a key agreement and its connection, without bound ===========
+
+JOINS = 300
+
+
+def test_key_agreements_that_never_complete_hold_bounded_connections_at_a_site_agent(tmp_path) -> None:
+    """Hole 3: pairwise masking, the one server with the analyst. It offers 300 joins of new runs (each passes
+    the site's policy) and holds every key-phase poll open. Every join started a key agreement task at once,
+    each holding a connection to the server for up to a round timeout: the site agent's tasks and open
+    connections grew with the number of rounds offered."""
+    cl = LocalCluster(tmp_path, make_data(4), n_aggregators=1, scheme="pairwise", min_sites=2, round_timeout_s=20.0,
+                      policy={"allow_dropouts": True, "min_cell_count": 1, "allow_non_private": True},
+                      allow_non_private=True)
+    with cl.start(sites=["site-a"]):
+        config = cl.config
+        first = 1000
+        entries = [(first + i, b"".join(join_query(config, first + i, f"run-{i}", "brier",
+                                                   {"label": "y", "score": "score"}).to_buffers()))
+                   for i in range(JOINS)]
+        cl.stop_party("agg-1")
+        server = _Colluder(cl, "agg-1", entries, head=len(entries))
+        try:
+            _wait(lambda: server.count(f"/v1/feed?since={len(entries)}&") > 0, 60.0, "site-a to read every join")
+            time.sleep(3.0)
+            most = server.most_held
+        finally:
+            server.close()
+        assert cl.procs["site-a"].poll() is None
+        log = cl.log_text("site-a")
+        assert "Traceback" not in log, log[-3000:]
+        assert most >= 1  # the attack was played: key phases were polled
+        assert most <= 4 * config.max_open_rounds, f"{most} key-phase polls held open at once"
