@@ -37,6 +37,15 @@ Holes found (each test below failed before its fix):
    `SitePairwise.agreement`: at most `keep` (4 x max_open_rounds) agreements run at once; a round beyond
    waits for one of them to end (and beyond the deferred-round limit of hole 1 is not answered): 64 here.
 
+4. Aggregators with the analyst that are as many as a round needs (Shamir 2-of-3: agg-1 and agg-2) made a
+   site agent hold a release request at every aggregator for every join they offered. A join of a new run
+   passes the site's policy, and its release is small, so the site fetched it at once after answering
+   (`SiteAgent._process`), for up to (ABANDON_FACTOR + 1) round timeouts: 300 joins whose releases never
+   came held 300 requests open at each colluder (older than the twelfth session, found here). Fixed in
+   `SiteAgent`: small releases are fetched at once (and after a restart) only while fewer than
+   4 x max_open_rounds fetches run; the others are fetched when their run's next step asks for them
+   (`_await_previous`, under hole 1's limit), as large releases always were.
+
 Attacks that held (asserted below, or played once):
 
 * rounds offered by fewer aggregators than a round needs (2 of 3 honest under additive sharing, one colluder
@@ -126,7 +135,7 @@ class _Colluder:
         self.pace.append(0)
         self.me = len(self.pace) - 1
         self.posted = threading.Event()
-        self.held = self.most_held = 0  # key-phase polls held open now, and at most
+        self.held = self.most_held = 0  # key-phase or release polls held open now, and at most
         self.go = threading.Event()  # set: the rest of the feed is served too
         self.loop = asyncio.new_event_loop()
         started = threading.Event()
@@ -174,7 +183,12 @@ class _Colluder:
                 self.held -= 1
             return None
         if path.startswith("/v1/release"):
-            await asyncio.sleep(120.0)  # held open: the release never comes
+            self.held += 1
+            self.most_held = max(self.most_held, self.held)
+            try:
+                await asyncio.sleep(120.0)  # held open: the release never comes
+            finally:
+                self.held -= 1
             return None
         return None
 
@@ -343,3 +357,39 @@ def test_key_agreements_that_never_complete_hold_bounded_connections_at_a_site_a
         assert "Traceback" not in log, log[-3000:]
         assert most >= 1  # the attack was played: key phases were polled
         assert most <= 4 * config.max_open_rounds, f"{most} key-phase polls held open at once"
+
+
+# == hole 4: every join answered held a release fetch, and its connections, without bound =====================
+
+
+def test_joins_whose_releases_never_come_hold_bounded_connections_at_a_site_agent(tmp_path) -> None:
+    """Hole 4: Shamir 2-of-3, agg-1 and agg-2 with the analyst offer 300 joins of new runs, which site-a answers
+    (each passes its policy), and hold every release request open. A join's release is small, so the site
+    fetches it at once, from every aggregator, for up to (ABANDON_FACTOR + 1) round timeouts."""
+    cl = LocalCluster(tmp_path, make_data(4), n_aggregators=3, scheme="shamir", threshold=2, round_timeout_s=20.0,
+                      policy={"min_cell_count": 1, "allow_non_private": True}, allow_non_private=True)
+    with cl.start(sites=["site-a"]):
+        config = cl.config
+        first = 1000
+        entries = [(first + i, b"".join(join_query(config, first + i, f"run-{i}", "brier",
+                                                   {"label": "y", "score": "score"}).to_buffers()))
+                   for i in range(JOINS)]
+        colluders: list[_Colluder] = []
+        pace: list[int] = []
+        try:
+            for name in ("agg-1", "agg-2"):
+                cl.stop_party(name)
+                colluders.append(_Colluder(cl, name, entries, head=len(entries), chunk=50, pace=pace))
+            _wait(lambda: all(c.count(f"/v1/feed?since={len(entries)}&") for c in colluders), 60.0,
+                  "site-a to read every join")
+            time.sleep(3.0)
+            most = max(c.most_held for c in colluders)
+        finally:
+            for c in colluders:
+                c.close()
+        assert cl.procs["site-a"].poll() is None
+        log = cl.log_text("site-a")
+        assert "Traceback" not in log, log[-3000:]
+        answered = len(re.findall(r"answered \S+ \(run.join\) with shares", log))
+        assert answered >= 1 and most >= 1, (answered, most)  # the attack was played
+        assert most <= 4 * config.max_open_rounds, f"{most} release requests held open at once ({answered} joins)"
