@@ -105,6 +105,7 @@ class SitePairwise:
         self.logged.pop(number, None)
         self.received.pop(number, None)
         self._agreements.pop(number, None)
+        self.answers.site.sessions.pop(number, None)  # (one agreed for a round never answered, e.g. not deferred)
 
     # -- which rounds ---------------------------------------------------------------
 
