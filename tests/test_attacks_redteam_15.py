@@ -71,6 +71,12 @@ Attacks that held (asserted below, or played once):
   from any other aggregator counts as its absence (`gather_quorum`); a number is never taken as another
   round's: an aggregator that holds it for another query refuses it (the round id carries the query digest).
 
+Read, not played, not fixed: under pairwise masking a server with the analyst that relays the key phases
+honestly (every site takes part) and then holds every unmask poll open keeps one unmask task and connection
+per masked round at each site for up to (ABANDON_FACTOR + 1) round timeouts (`SitePairwise.start_unmask`):
+hole 3's limit bounds agreements running at once, not rounds answered since. A limit there would make a site
+a dropout of rounds past it (its neighbours' key shares then unmask only its pairwise masks).
+
 Read, not played: the same query bytes under a number an honest aggregator still holds (an analysis repeated
 with identical parameters outside a run) would be taken as that round again; runs carry a fresh run id, so no
 plan's round is affected.
