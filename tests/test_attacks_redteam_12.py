@@ -153,7 +153,7 @@ def _agent_waiting_for_a_release(evil_name: str = "agg-2", give_up_s: float = 60
     agent = SiteAgent.__new__(SiteAgent)
     agent.clients = [_FakeAggregator("agg-1", entry, False), _FakeAggregator(evil_name, entry, True)]
     agent.links, agent.poll_wait, agent.feed_limit = LinkLog(logging.getLogger("test.rt12")), 0.5, 1 << 20
-    agent._stopping, agent._fetches, agent._tasks = False, {}, set()
+    agent._stopping, agent._fetches, agent._tasks, agent._fetching = False, {}, set(), 0
     agent.steps, agent.settled = {("r", 0): 10}, set()
     agent.queries = {10: SimpleNamespace(name="brier.sums", params={"run": "r", "step": 0},
                                          round_id=RoundId("study", 10, b"\0" * 32))}

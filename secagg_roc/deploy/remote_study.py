@@ -63,7 +63,7 @@ from ..queries.run import JOIN
 from ..study import Study, Totals
 from .close_order import reserve_then_close
 from .quorum import call_every
-from .round_open import NUMBER_TAKEN, OPEN_ATTEMPTS, open_everywhere
+from .round_open import NUMBER_TAKEN, OPEN_ATTEMPTS, next_free_number, open_everywhere
 from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient
@@ -219,7 +219,7 @@ class RemoteStudy(Study):
                     "analyst's study file (every party must have the same study file)"
                 )
         if self._next_number is None:
-            self._next_number = max(int(i["next_number"]) for i in infos)
+            self._next_number = next_free_number([i.get("next_number") for i in infos], min(self.scheme.threshold, len(infos)))
 
     def close(self) -> None:
         """Close the connections and stop the client's event loop."""
@@ -270,7 +270,7 @@ class RemoteStudy(Study):
         return results
 
     async def _number(self) -> int:
-        """The next analyst number: above every number any aggregator has seen (so never reused)."""
+        """The next analyst number: above every number the aggregators it needs saw (`next_free_number`)."""
         if self._next_number is None:
             self._sync(await self._all(lambda c: c.info(), time.monotonic() + self.round_timeout_s, "info"))
         assert self._next_number is not None

@@ -24,10 +24,11 @@ from typing import Awaitable, Callable, Sequence
 
 from ..errors import RoundError
 from .http import AggregatorClient, retry
-from .http_protocol import TransportError
+from .http_protocol import ServiceError, TransportError
 from .quorum import TooFewAggregators, gather_quorum
 
-__all__ = ["NUMBER_TAKEN", "OPEN_ATTEMPTS", "OPEN_REACH_S", "open_everywhere", "open_first_live", "open_in_turn"]
+__all__ = ["NUMBER_TAKEN", "OPEN_ATTEMPTS", "OPEN_REACH_S", "next_free_number", "open_everywhere", "open_first_live",
+           "open_in_turn"]
 
 #: How long a threshold scheme's client waits for the first live aggregator to take a round alone.
 OPEN_REACH_S = 5.0
@@ -37,6 +38,23 @@ NUMBER_TAKEN = "already used"
 #: Numbers an analyst client tries before it gives up (each taken by another client meanwhile): k clients
 #: opening at once need up to k tries, and a client's next round may come in between.
 OPEN_ATTEMPTS = 8
+
+
+def next_free_number(named: Sequence[object], need: int) -> int:
+    """The next round number from the aggregators' ``next_number``s: the largest that `need` of them would open
+    (an aggregator refuses one more than `MAX_NUMBER_GAP` above its own), or the largest if none is. A value
+    that is not a number is no aggregator's number (`ServiceError` if none is).
+
+    Under a threshold scheme one aggregator that names a number far above the others' (with the analyst, or
+    broken) must not make the honest ones refuse every round of the client (red team 15, hole 2); a number
+    some aggregator used already is refused there as taken, and the client syncs again (`OPEN_ATTEMPTS`)."""
+    from .aggregator_state import MAX_NUMBER_GAP
+
+    numbers = [n for n in named if isinstance(n, int) and not isinstance(n, bool) and n >= 0]
+    if not numbers:
+        raise ServiceError("no aggregator named the next free round number in its /v1/info")
+    usable = [n for n in numbers if sum(1 for m in numbers if n - m <= MAX_NUMBER_GAP) >= need]
+    return max(usable or numbers)
 
 
 async def open_in_turn(clients: Sequence[AggregatorClient], send: Callable[[AggregatorClient], Awaitable[object]],

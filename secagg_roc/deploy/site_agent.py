@@ -18,7 +18,8 @@ the analyst never opened. For each round it then:
    it answers step t of a run it makes sure it holds the release of step t-1
    (fetched from the aggregators on demand), since that release decides what
    step t is (a round whose previous release is not here yet is answered by a task of its own once that
-   release is in, or tried again a second after its fetch gave up: it holds up no other round);
+   release is in, or tried again a second after its fetch gave up: it holds up no other round; at most
+   4 x max_open_rounds per aggregator wait at once, `site_deferred`);
 2. logs, in ONE SQLite transaction and *before* anything is sent, the query,
    the ledger entries of the release, the split of its shares (seeds and
    digests: `site_log.split_record`) and the state of its DP-noise generator.
@@ -114,13 +115,15 @@ class SiteAgent(SiteAnswers):
         self._acked: set[tuple[int, int]] = set()
         self._inflight: set[tuple[int, int]] = set()
         self._fetches: dict[int, asyncio.Task] = {}
+        self._fetching = 0  # release fetches running
         self._tasks: set[asyncio.Task] = set()
         self._lock: asyncio.Lock | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         #: Rounds waiting for a previous release or their key agreement, each answered by a task of its own.
         self.deferred = DeferredRounds(self._process, self._tasks, lambda: self._stopping,
-                                       give_up_s=(ABANDON_FACTOR + 1.0) * config.round_timeout_s)
+                                       give_up_s=(ABANDON_FACTOR + 1.0) * config.round_timeout_s,
+                                       limit=4 * config.max_open_rounds * len(self.clients))
         self._replay()  # after the connections are set up: a missing key is reported before the log is read
 
     # -- the loop ----------------------------------------------------------------
@@ -130,9 +133,10 @@ class SiteAgent(SiteAnswers):
         self._lock = asyncio.Lock()
         self._loop = asyncio.get_running_loop()
         self._stopping = False
-        for number, answer in sorted(self.answers.items()):
+        for number, answer in sorted(self.answers.items(), reverse=True):  # the newest first (likelier live)
             if answer.kind == "shares" and number not in self.settled:
-                self._fetch_release(number)  # answered before a restart: its release may be waiting
+                if self._fetching < 4 * self.config.max_open_rounds:  # (the others when their next step asks)
+                    self._fetch_release(number)  # answered before a restart: its release may be waiting
                 if self.pairwise.masks(self.queries[number]):
                     # and its unmask request may be waiting for this site's answer
                     self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
@@ -251,9 +255,12 @@ class SiteAgent(SiteAnswers):
         self._push_all(number, cached.outputs, force=source)
         if cached.kind == "shares" and self.pairwise.masks(message):
             self.pairwise.start_unmask(number, self.clients[0], self._tasks, self.settled)
-        if cached.kind == "shares" and number not in self.settled and small_release(cached.outputs):
+        if (cached.kind == "shares" and number not in self.settled and small_release(cached.outputs)
+                and self._fetching < 4 * self.config.max_open_rounds):
             # Small releases are fetched at once, to be ready for the next step; large ones only when the
             # next step of the run asks for them (`_await_previous`): a run's last release is never needed.
+            # Not beyond 4 x max_open_rounds fetches at once (each holds a request at every aggregator): with
+            # aggregators that never release, 300 joins held 300 requests at each (red team 15, hole 4).
             self._fetch_release(number)
 
     def _await_previous(self, query: Query) -> None:
@@ -296,8 +303,13 @@ class SiteAgent(SiteAnswers):
             task = asyncio.create_task(self._get_release(number))
             self._fetches[number] = task
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._fetching += 1
+            task.add_done_callback(self._fetch_done)
         return task
+
+    def _fetch_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        self._fetching -= 1
 
     async def _get_release(self, number: int) -> bool:
         """Fetch the aggregators' shares of round `number`'s release (`site_fetch`), log them, and take them in

@@ -11,6 +11,15 @@ waits for is done (a fetch that gave up is tried again a second later, never
 at once: an aggregator that fails every release request at once must not make
 the site spin). One task a round; each ends with its round, or once the round
 would have been abandoned by its aggregators (`give_up_s`).
+
+At most `limit` rounds wait at once (the agent's is 4 x max_open_rounds per
+aggregator: an honest aggregator keeps at most max_open_rounds open, and an
+honest round's wait is short). Aggregators with the analyst that are as many as
+a round needs offers (Shamir's threshold) could otherwise offer any number of
+rounds that wait for a release they never send, each a task held for
+(ABANDON_FACTOR + 1) round timeouts (red team 15: 20,000 such rounds grew a site
+agent by 80 MiB). A round beyond the limit is not answered (a warning line), as
+a round offered by too few aggregators is not: it costs that round, not memory.
 """
 
 from __future__ import annotations
@@ -38,13 +47,16 @@ class DeferredRounds:
     """Run by a Site's agent: `defer` a round that raised `Pending`; `process(entry, source)` answers it later."""
 
     def __init__(self, process: Callable[[FeedEntry, int], Awaitable[None]], tasks: set[asyncio.Task],
-                 stopping: Callable[[], bool], give_up_s: float):
+                 stopping: Callable[[], bool], give_up_s: float, limit: int = 1024):
         self.process = process
         self.tasks = tasks  # the agent's background tasks (cancelled when it stops)
         self.stopping = stopping
         #: Seconds after which a round is waited for no more (by then its aggregators abandoned it: an aggregator
         #: failing every release request at once must not keep a task of this site retrying for ever).
         self.give_up_s = give_up_s
+        #: Rounds waiting at most at once (beyond it a round that waits is not answered).
+        self.limit = limit
+        self.dropped = 0  # rounds not answered because `limit` rounds waited (a warning every 1,000)
         self.waiting: set[int] = set()  # rounds that waited (each logged once; the last 4096 numbers kept)
         self.deferred: dict[int, asyncio.Task] = {}  # round -> the task answering it once it can go on
 
@@ -52,6 +64,12 @@ class DeferredRounds:
         """Answer round `entry` (from aggregator `source`'s feed) once what it waits for is done."""
         number = entry.number
         if number in self.deferred:  # (offered by another aggregator too: one task answers it for all)
+            return
+        if len(self.deferred) >= self.limit:
+            if self.dropped % 1000 == 0:
+                log.warning("round %d waits, and %d rounds wait already (the most this site holds): not answered "
+                            "(%d such rounds so far)", number, len(self.deferred), self.dropped + 1)
+            self.dropped += 1
             return
         if number not in self.waiting:
             self.waiting = {n for n in self.waiting if n > number - 4096} | {number}

@@ -106,6 +106,7 @@ class SitePairwise:
         self.logged.pop(number, None)
         self.received.pop(number, None)
         self._agreements.pop(number, None)
+        self.answers.site.sessions.pop(number, None)  # (one agreed for a round never answered, e.g. not deferred)
 
     # -- which rounds ---------------------------------------------------------------
 
@@ -164,11 +165,17 @@ class SitePairwise:
         (no key is made; its answer is the refusal, naming the rule), else the task running the round's key
         agreement (`agree`; started once, again after a failure, and kept in `tasks`). A site agent does not
         wait for it inside its lock: the other sites' keys may take a phase's deadline to come, and the
-        rounds after this one go on meanwhile. Take its outcome with `agreed`."""
+        rounds after this one go on meanwhile. Take its outcome with `agreed`. At most `keep` agreements run at
+        once, each holding a connection to the server: beyond, another round's running agreement is returned
+        to wait for (a server with the analyst offering 300 joins whose key phases it never completes held
+        300 agreements and connections open, red team 15)."""
         number = query.round_id.number
         task = self._agreements.get(number)
         if task is not None and not (task.done() and (task.cancelled() or task.exception() is not None)):
             return task
+        running = [t for t in self._agreements.values() if not t.done()]
+        if len(running) >= self.keep:  # a server offering rounds faster than they end: this one waits its turn
+            return running[0]
         try:  # the site's policy and plan first (under the agent's lock, as every answer)
             self.answers.site.vet(query)
         except SecAggError:
