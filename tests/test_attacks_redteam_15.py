@@ -46,6 +46,16 @@ Holes found (each test below failed before its fix):
    4 x max_open_rounds fetches run; the others are fetched when their run's next step asks for them
    (`_await_previous`, under hole 1's limit), as large releases always were.
 
+5. (read by red team 15, fixed after it) Under pairwise masking a server with the analyst that relays the key
+   phases honestly (every site takes part) and then holds every unmask poll open kept one unmask task and
+   connection per masked round at each site for up to (ABANDON_FACTOR + 1) round timeouts
+   (`SitePairwise.start_unmask`): hole 3's limit bounds agreements running at once, not rounds answered since.
+   Fixed in `SitePairwise.agreement`: while `keep` rounds poll for their unmask request, a new masked round
+   waits for one of those polls to end (no key made), so at most `keep` polls plus the agreements running
+   when the bound was reached are held; the site drops out of rounds offered faster (its neighbours' key
+   shares then unmask only its pairwise masks). Tested on `SitePairwise` itself (a held-open fake server):
+   playing it against processes needs every site's signed keys relayed by the fake server.
+
 Attacks that held (asserted below, or played once):
 
 * rounds offered by fewer aggregators than a round needs (2 of 3 honest under additive sharing, one colluder
@@ -70,12 +80,6 @@ Attacks that held (asserted below, or played once):
   open makes an honest client try 8 numbers and give up (RoundError), no loop; under Shamir "already used"
   from any other aggregator counts as its absence (`gather_quorum`); a number is never taken as another
   round's: an aggregator that holds it for another query refuses it (the round id carries the query digest).
-
-Read, not played, not fixed: under pairwise masking a server with the analyst that relays the key phases
-honestly (every site takes part) and then holds every unmask poll open keeps one unmask task and connection
-per masked round at each site for up to (ABANDON_FACTOR + 1) round timeouts (`SitePairwise.start_unmask`):
-hole 3's limit bounds agreements running at once, not rounds answered since. A limit there would make a site
-a dropout of rounds past it (its neighbours' key shares then unmask only its pairwise masks).
 
 Read, not played: the same query bytes under a number an honest aggregator still holds (an analysis repeated
 with identical parameters outside a run) would be taken as that round again; runs carry a fresh run id, so no
@@ -399,3 +403,66 @@ def test_joins_whose_releases_never_come_hold_bounded_connections_at_a_site_agen
         answered = len(re.findall(r"answered \S+ \(run.join\) with shares", log))
         assert answered >= 1 and most >= 1, (answered, most)  # the attack was played
         assert most <= 4 * config.max_open_rounds, f"{most} release requests held open at once ({answered} joins)"
+
+
+# == hole 5: a pairwise server holding every unmask poll kept a task and a connection per masked round ==========
+
+
+def test_unmask_polls_held_open_stop_new_masked_rounds_at_the_bound() -> None:
+    """Hole 5 (read by red team 15, fixed after it): a pairwise server with the analyst that relays every key phase
+    honestly and then holds every unmask poll open. Each masked round left a task polling for its unmask request,
+    holding a connection, for up to (ABANDON_FACTOR + 1) round timeouts: as many as rounds the server offered.
+    Now, while `keep` such polls run, `SitePairwise.agreement` hands a new masked round one of them to wait for
+    (no key is made, nothing vetted or masked) instead of starting its key agreement; once a poll ends the round
+    goes on as before. A round polled for already is not polled for twice."""
+    from types import SimpleNamespace
+
+    from secagg_roc.deploy.site_pairwise import SitePairwise
+
+    class HeldServer:
+        """Every request is held open (the poll never returns), as the server with the analyst does."""
+
+        polls = 0
+
+        async def request(self, *args, **kwargs):
+            HeldServer.polls += 1
+            await asyncio.sleep(3600)
+
+        def _check(self, reply, path):
+            return reply
+
+    vetted, agreed = [], []
+    pairwise = SitePairwise.__new__(SitePairwise)
+    pairwise.answers = SimpleNamespace(config=SimpleNamespace(round_timeout_s=60.0),
+                                       site=SimpleNamespace(vet=lambda query: vetted.append(query.round_id.number)))
+    pairwise.keep, pairwise._agreements, pairwise._unmasks, pairwise.index = 3, {}, {}, {}
+
+    async def agree(query, client):
+        agreed.append(query.round_id.number)
+
+    pairwise.agree = agree
+
+    def query(number: int):
+        return SimpleNamespace(round_id=SimpleNamespace(number=number))
+
+    async def play() -> None:
+        server, tasks, settled = HeldServer(), set(), set()
+        for number in (1, 2, 3, 3, 2):  # three masked rounds; two of them started again
+            pairwise.start_unmask(number, server, tasks, settled)
+        await asyncio.sleep(0.05)
+        assert len(tasks) == 3 and HeldServer.polls == 3  # one poll a round
+        waits = pairwise.agreement(query(4), server, tasks)
+        assert waits in set(pairwise._unmasks.values()) and not waits.done()  # round 4 waits for a poll to end
+        assert vetted == [] and agreed == []  # nothing vetted, no key made
+        waits.cancel()  # that poll ends (given up, settled, or answered)
+        await asyncio.sleep(0.05)
+        assert len(pairwise._unmasks) == 2
+        task = pairwise.agreement(query(4), server, tasks)
+        await task
+        assert vetted == [4] and agreed == [4]  # round 4 goes on as before
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert pairwise._unmasks == {}
+
+    asyncio.run(play())

@@ -63,7 +63,8 @@ class SitePairwise:
         #: round number -> the client logged just before it masked (re-creates the same masked input).
         self.received: dict[int, bytes] = {}
         self._lock = threading.Lock()
-        self._unmasking: set[int] = set()
+        #: round number -> the task polling for its unmask request (until it is answered, settled or given up).
+        self._unmasks: dict[int, asyncio.Task] = {}
         #: round number -> the task running its key agreement (until the round is answered or forgotten).
         self._agreements: dict[int, asyncio.Task] = {}
         #: Key agreements held at most (the aggregator keeps at most max_open_rounds rounds open at once).
@@ -168,7 +169,11 @@ class SitePairwise:
         rounds after this one go on meanwhile. Take its outcome with `agreed`. At most `keep` agreements run at
         once, each holding a connection to the server: beyond, another round's running agreement is returned
         to wait for (a server with the analyst offering 300 joins whose key phases it never completes held
-        300 agreements and connections open, red team 15)."""
+        300 agreements and connections open, red team 15). Likewise while `keep` rounds poll for their unmask
+        request (`start_unmask`): a server that completes every key phase and then holds every unmask poll
+        open would otherwise hold a task and a connection per round masked; past the bound the site answers
+        no new masked round until a poll ends (it drops out of rounds offered faster, which costs them, not
+        memory)."""
         number = query.round_id.number
         task = self._agreements.get(number)
         if task is not None and not (task.done() and (task.cancelled() or task.exception() is not None)):
@@ -176,6 +181,9 @@ class SitePairwise:
         running = [t for t in self._agreements.values() if not t.done()]
         if len(running) >= self.keep:  # a server offering rounds faster than they end: this one waits its turn
             return running[0]
+        polling = [t for t in self._unmasks.values() if not t.done()]
+        if len(polling) >= self.keep:  # a server holding every unmask poll open: no new masked input meanwhile
+            return polling[0]
         try:  # the site's policy and plan first (under the agent's lock, as every answer)
             self.answers.site.vet(query)
         except SecAggError:
@@ -209,10 +217,18 @@ class SitePairwise:
 
     def start_unmask(self, number: int, client: AggregatorClient, tasks: set, settled: set[int]) -> None:
         """Answer round `number`'s unmask request once the server asks it (a background task in `tasks`)."""
+        if number in self._unmasks:
+            return  # polled for already
         give_up = asyncio.get_running_loop().time() + (ABANDON_FACTOR + 1.0) * self.answers.config.round_timeout_s
         task = asyncio.create_task(self.unmask(number, client, give_up, settled))
+        self._unmasks[number] = task
         tasks.add(task)
-        task.add_done_callback(tasks.discard)
+
+        def done(task: asyncio.Task) -> None:
+            tasks.discard(task)
+            if self._unmasks.get(number) is task:
+                del self._unmasks[number]
+        task.add_done_callback(done)
 
     def restore_session(self, number: int) -> None:
         """After a restart: the client of round `number` as it was just before it masked, for re-creating
@@ -245,9 +261,6 @@ class SitePairwise:
 
     async def unmask(self, number: int, client: AggregatorClient, give_up: float, settled) -> None:
         """Poll for round `number`'s unmask request and answer it (a background task after the masked input)."""
-        if number in self._unmasking:
-            return
-        self._unmasking.add(number)
         loop = asyncio.get_running_loop()
         try:
             (request,) = await self._poll(client, number, "unmask", UnmaskRequest, give_up, one=True,
@@ -258,8 +271,6 @@ class SitePairwise:
         except (SecAggError, TransportError) as exc:
             if number not in settled:
                 log.warning("round %d: no unmask answer from this site: %s: %s", number, type(exc).__name__, exc)
-        finally:
-            self._unmasking.discard(number)
 
     # -- the relay's two endpoints ---------------------------------------------------------
 
