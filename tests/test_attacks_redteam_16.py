@@ -39,6 +39,9 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 import secagg_roc as sr
 from test_attacks_newton import Spy as RoundSpy
+from analyst_spy import Spy
+from secagg_roc.queries.design_rows import MAX_DESIGN_ROWS
+from secagg_roc.stats.families import fisher_parts
 from test_attacks_newton import _data, _functionals, _hits, _study
 
 #: Each MILP's time limit (s): the bands tried below solve in 1-3 s each.
@@ -117,3 +120,107 @@ def test_non_private_rocglm_counts_are_those_of_the_released_exact_scores():
     np.testing.assert_array_equal(_hits(released["negative"], released["positive"]), h)
     A, b = _functionals(rounds, n1)
     assert np.max(np.abs(A @ h - b)) < 1e-6
+
+
+# 2 -- GLMs beyond red team 14's bound (more than `MAX_DESIGN_ROWS` distinct rows at each site) -------------------
+
+
+def _table_equations(calls: list, cells: np.ndarray, names: list[str], n_sites: int):
+    """Red team 14's `_Rounds.equations` for designs over any of the columns `names` whose joint values are the
+    rows of `cells`: rows A over [records, cases] of each cell, the totals b and each total's bound t."""
+    C, zero, A, b, t = len(cells), np.zeros(len(cells)), [], [], []
+
+    def add(row, total, fb):
+        A.append(row)
+        b.append(float(total))
+        t.append(n_sites * 2.0 ** -(fb + 1) * 1.01 + 1e-9)
+
+    for query, params, fb, tot in calls:
+        X = params.get("design", {}).get("X") or []
+        X = [X] if isinstance(X, str) else X
+        R = cells[:, [names.index(x) for x in X]]
+        if query == "glm.means" and X:
+            for j in range(len(X)):
+                add(np.r_[R[:, j], zero], np.ravel(tot["sum"])[j], fb)
+        elif query == "glm.ssd":
+            for j in range(len(X)):
+                add(np.r_[(R[:, j] - np.ravel(params["center"])[j]) ** 2, zero], np.ravel(tot["ssd"])[j], fb)
+        elif query == "glm.fisher" and X:
+            Z = np.column_stack([np.ones(C), (R - np.ravel(params["center"])) / np.ravel(params["scale"])])
+            one, nil = ([fisher_parts(np.full(1, v), Z[i:i + 1], np.ones(1), params["beta"], params["family"])
+                         for i in range(C)] for v in (1.0, 0.0))
+            k = Z.shape[1]
+            info = np.asarray(tot["info"], float).reshape(k, k)
+            parts = [(lambda r, j=j: r[0][j], np.ravel(tot["score"])[j]) for j in range(k)]
+            parts += [(lambda r, i=i, j=j: r[1][i, j], info[i, j]) for i in range(k) for j in range(i, k)]
+            for pick, total in parts + [(lambda r: r[2], np.ravel(tot["deviance"])[0])]:
+                c0, c1 = np.array([pick(r) for r in nil]), np.array([pick(r) for r in one])
+                add(np.r_[c0, c1 - c0], total, fb)
+    return np.array(A), np.array(b), np.array(t)
+
+
+def _glm_view(data: dict, fits: list, cells: np.ndarray, names: list[str]):
+    """Every fit of `fits` ((covariates, family)) over `data`: (which ran, A, b, t, the true table)."""
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    calls, aggregate = [], spy.study.aggregate
+
+    def agg(query, params=None, *, frac_bits=None):
+        totals = aggregate(query, params, frac_bits=frac_bits)
+        calls.append((query, params or {}, frac_bits, totals))
+        return totals
+
+    spy.study.aggregate = agg
+    ran = [spy.attempt(sr.fit_glm, "y", X, family=family) is not None for X, family in fits]
+    A, b, t = _table_equations(calls, cells, names, len(data))
+    index = {tuple(c): i for i, c in enumerate(cells)}
+    truth = np.zeros(2 * len(cells))
+    for d in data.values():
+        for row, y in zip(np.column_stack([d[n] for n in names]), d["y"]):
+            truth[index[tuple(row)]] += 1
+            truth[len(cells) + index[tuple(row)]] += y
+    return ran, A, b, t, truth
+
+
+def _directions(A: np.ndarray, t: np.ndarray) -> int:
+    return int((np.linalg.svd(A / t[:, None], compute_uv=False) > 1).sum())
+
+
+def test_a_logit_and_a_probit_fit_over_forty_levels_leave_most_of_the_table_open():
+    """Held (played once: 40 levels, 37 distinct a site, so not judged): a logit and a probit fit together determine
+    23 of the table's 80 directions to better than a record, and the integer program solved none of the small
+    cells tried within 40 s (the first not within 120 s); at 34 levels (34 a site, larger sites) 22 of 68, none
+    solved within 120 s. More fits over the same arrays add nothing new: `max_iter` and `tol` truncate the same
+    path of coefficients from zero; logit's cases enter through X'y alone."""
+    levels, rng = 40, np.random.default_rng(0)
+    share, data = np.exp(-0.06 * np.arange(levels)), {}
+    for k in range(3):
+        n = int(rng.integers(120, 160))
+        x = (rng.choice(levels, n, p=share / share.sum()) + 1).astype(float)
+        data[f"h{k}"] = {"y": (rng.random(n) < 1 / (1 + np.exp(1.0 - 3 * (x - levels / 3) / levels))).astype(int),
+                         "x": x}
+    assert min(np.unique(d["x"]).size for d in data.values()) > MAX_DESIGN_ROWS
+    ran, A, b, t, truth = _glm_view(data, [("x", "probit"), ("x", "logit")], np.arange(1.0, levels + 1)[:, None],
+                                    ["x"])
+    assert ran == [True, True]
+    assert np.max(np.abs(A @ truth - b) / t) <= 1.0  # the analyst's exact view
+    assert _directions(A, t) <= 30  # 23 when played, of 80
+
+
+def test_fits_over_covariate_subsets_leave_the_joint_table_of_more_rows_open():
+    """Held (played once): a covariate of 17 levels whose cells with y are large (6 of each label a level and
+    site: its fits alone pass red team 14's rule) and a flag, 34 joint rows a site (not judged), the joint
+    table's cells small (1..4 records among them). Logit and probit fits over x1, over x2 and over both (163
+    totals) determine 16 of the joint table's 68 directions; of 3 small cells tried none was pinned (one ranged
+    0..74, two not solved within 120 s): the subsets' fits add equations of the margins only."""
+    levels, rng = 17, np.random.default_rng(0)
+    data = {}
+    for k in range(3):
+        x1 = np.repeat(np.arange(1.0, levels + 1), 12)
+        data[f"h{k}"] = {"y": np.tile(np.r_[np.zeros(6, int), np.ones(6, int)], levels), "x1": x1,
+                         "x2": (rng.random(x1.size) < 0.3).astype(float)}
+    cells = np.array([(a, f) for a in range(1, levels + 1) for f in (0.0, 1.0)])
+    fits = [(X, family) for X in ("x1", "x2", ["x1", "x2"]) for family in ("logit", "probit")]
+    ran, A, b, t, truth = _glm_view(data, fits, cells, ["x1", "x2"])
+    assert all(ran) and ((truth >= 1) & (truth <= 4)).any()
+    assert np.max(np.abs(A @ truth - b) / t) <= 1.0
+    assert _directions(A, t) <= 24  # 16 when played, of 68
