@@ -21,8 +21,9 @@ Holes found (not fixed: strict xfails "VULN" below):
    suffices; the counts are small integers, so the totals would need to be coarse to about one record's effect,
    ~1, which the fit's 1e-12 stop cannot use). Fix (too big for this round): in DP mode release nothing exact
    about the positives' exact scores: fit the ROC-GLM to the released samples alone (`released_start` already
-   does, every party holds it) and drop the Newton rounds, measuring the AUC gap that costs
-   (benchmarks/dp_auc_gap.py); or noise the rounds (a DP GLM).
+   does, every party holds it) and drop the Newton rounds; or noise the rounds (a DP GLM). Its cost, measured
+   once (6 seeds of this data): the binormal AUC's mean distance to the pooled empirical AUC is 0.0034 fitted
+   to the release alone against 0.0032 now at sigma 0.0125, 0.0054 against 0.0032 at sigma 0.039.
 
 What held:
 
