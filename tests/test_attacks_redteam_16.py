@@ -13,7 +13,8 @@ Holes found (not fixed: strict xfails "VULN" below):
    counts d_j = h_j - h_(j-1) are non-negative integers summing to n1: red team 14's bounded integer program
    (`band_range`) gave every band of 1..4 positives tried exactly (6 of 6 at seed 0, 4 of 4 at seeds 1 and 2,
    300 records over 3 sites, three Newton rounds), and one round alone (7 totals) gave each of the 3 tried; the
-   demo's own run (GBSG2 validation sites, its policy, sigma 0.0053) gave all 4 tried, a band of one among them. A band
+   demo's own run (GBSG2 validation sites, its policy, sigma 0.0053) gave all 4 tried, a band of one among them
+   (bands 0.005-0.010 wide there). A band
    is the set of exact scores between two of the analyst's noisy negatives: 0.013-0.029 wide here (1-2 sigma). The
    DP release says a positive's score to within sigma; the fit says exactly how many positives have their exact
    score in each band, so one patient more or less in a band of one is told apart with certainty (the Gaussian
