@@ -30,6 +30,14 @@ What held:
 
 * The non-private validation mode (``epsilon=None``, where the policy allows it): the same integer program works,
   but the counts are a function of what that mode releases anyway (every site's exact scores): asserted below.
+* GLMs beyond red team 14's bound (more than `MAX_DESIGN_ROWS` distinct rows a site, not judged): a logit and a
+  probit fit over 40 levels determine 23 of 80 directions, over 34 levels 22 of 68, and fits over covariate
+  subsets (x1 of 17 levels with large cells, a flag x2, and both: 34 joint rows) 16 of the joint table's 68; the
+  integer program pinned none of the small cells tried (most not solved within 40-120 s). `max_iter` and `tol`
+  truncations retrace the same coefficients, so they add no equation.
+* A Brier score over a 12-level score (not categorical, not judged): two exact totals over 24 unknowns; the
+  integer program found nothing within 30 s. Its bootstrap's replicates carry secret site weights (not linear in
+  known coefficients); calibration cells are withheld per site below min_cell_count (not tried further).
 """
 
 from __future__ import annotations
