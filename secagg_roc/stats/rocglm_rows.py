@@ -12,7 +12,9 @@ method from there needs a few rounds instead of Fisher scoring's ~11 from
 zero. It reads nothing but what every party of the run already holds, so
 each site derives the same start and checks the analyst's first request
 against it. At the policy's noise the fewer rounds determine no more of the
-per-threshold counts than Fisher scoring's did; under far more noise, asked
+per-threshold counts than Fisher scoring's did to least squares (an integer
+program over the band counts solves both: tests/test_attacks_redteam_16.py,
+open); under far more noise, asked
 for by the analyst, neither fit hides them, Newton's from less noise
 (protocols/distributed-rocglm.toml, step 4).
 """
