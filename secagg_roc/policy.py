@@ -53,6 +53,10 @@ MAX_NOISE_FACTOR = 8.0
 MIN_PURE_EPSILON = 1e-9
 
 
+#: A DP ROC-GLM's fits (`Policy.rocglm_fit`).
+ROCGLM_FITS = ("exact", "released")
+
+
 @dataclass(frozen=True)
 class Policy:
     """A study's privacy policy; see the module docstring. Frozen and hashable."""
@@ -71,6 +75,11 @@ class Policy:
     #: One strategy per study: curves over different bins could be differenced.
     calibration_strategy: str = "uniform"
     rocglm_thresholds: int = 30
+    #: How a DP ROC-GLM is fitted: "exact" (the paper's: Newton rounds over the sites' exact scores placed against
+    #: the DP survivor function, then exact placement sums for DeLong) or "released" (from the DP release alone:
+    #: no exact round about the scores after it; the rounds' exact totals, solved over the integers, give the
+    #: pooled number of positives between each two thresholds, tests/test_attacks_redteam_16.py).
+    rocglm_fit: str = "exact"
     sensitivity_resolution: float = 1e-4
     dp: DPPolicy | None = field(default=None)
     #: The study's score-histogram grid: equal-width buckets of the score range. An analyst may ask a DP histogram
@@ -90,6 +99,9 @@ class Policy:
                               f"got {self.histogram_bins!r}")
         if self.calibration_bins > 10_000 or self.rocglm_thresholds > 10_000:
             raise PolicyError("policy: calibration_bins and rocglm_thresholds must be at most 10000")
+        if self.rocglm_fit not in ROCGLM_FITS:
+            raise PolicyError(f"policy: rocglm_fit must be one of {', '.join(map(repr, ROCGLM_FITS))}, "
+                              f"got {self.rocglm_fit!r}")
         if self.calibration_strategy not in ("uniform", "quantile"):
             raise PolicyError(f"policy: calibration_strategy must be 'uniform' or 'quantile', got {self.calibration_strategy!r}")
         cell = self.privacy_level if self.min_cell_count is None else self.min_cell_count
@@ -167,6 +179,7 @@ class Policy:
             # Only when set: the policies written before it keep their digests.
             **({"calibration_strategy": self.calibration_strategy} if self.calibration_strategy != "uniform" else {}),
             "rocglm_thresholds": self.rocglm_thresholds,
+            **({"rocglm_fit": self.rocglm_fit} if self.rocglm_fit != "exact" else {}),  # (as histogram_bins)
             "sensitivity_resolution": self.sensitivity_resolution,
             "dp": None if self.dp is None else self.dp.to_dict(),
             # Only when set: the policies written before it keep their digests.

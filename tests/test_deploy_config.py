@@ -102,8 +102,8 @@ def test_every_key_round_trips(tmp_path: Path) -> None:
 FULL_POLICY = {
     "min_cell_count": 3, "allow_dropouts": True, "allow_non_private": True,
     "analyses": ["rocglm", "brier", "calibration", "sensitivity"], "score_range": [-1, 2.5],
-    "calibration_bins": 8, "rocglm_thresholds": 25, "sensitivity_resolution": 0.001, "histogram_bins": 200,
-    "roles": {"label": ["y"], "score": "pred", "covariate": ["X", "age"]},
+    "calibration_bins": 8, "rocglm_thresholds": 25, "rocglm_fit": "released", "sensitivity_resolution": 0.001,
+    "histogram_bins": 200, "roles": {"label": ["y"], "score": "pred", "covariate": ["X", "age"]},
     "dp": {"epsilon": 0.5, "delta": 0.3, "l2_sensitivity": 0.05, "mechanism": "classic",
            "budget_epsilon": 1.5, "budget_delta": 0.6, "accounting": "basic"},
 }
@@ -116,7 +116,8 @@ def test_the_policy_table_round_trips(tmp_path: Path) -> None:
     config = write_study(data, tmp_path / "study.toml")
     expected = Policy(privacy_level=7, min_sites=2, min_cell_count=3, allow_dropouts=True, allow_non_private=True,
                       analyses=("rocglm", "brier", "calibration", "sensitivity"), score_range=(-1.0, 2.5),
-                      calibration_bins=8, rocglm_thresholds=25, sensitivity_resolution=0.001, histogram_bins=200,
+                      calibration_bins=8, rocglm_thresholds=25, rocglm_fit="released", sensitivity_resolution=0.001,
+                      histogram_bins=200,
                       roles={"label": ("y",), "score": ("pred",), "covariate": ("X", "age")},
                       dp=DPPolicy(0.5, 0.3, 0.05, mechanism="classic", budget_epsilon=1.5, budget_delta=0.6,
                                   accounting="basic"))
@@ -141,7 +142,7 @@ def test_every_policy_field_the_writer_writes_the_reader_takes() -> None:
     from secagg_roc.deploy.config_policy import DP_KEYS, POLICY_IN_STUDY, POLICY_KEYS
 
     policy = Policy(roles={"label": ("y",), "score": ("p",)}, histogram_bins=64, calibration_strategy="quantile",
-                    dp=DPPolicy(0.5, 0.3, 0.05, budget_epsilon=2.0, budget_delta=0.6))
+                    rocglm_fit="released", dp=DPPolicy(0.5, 0.3, 0.05, budget_epsilon=2.0, budget_delta=0.6))
     written = policy.to_dict()
     assert set(written) - set(POLICY_IN_STUDY) <= set(POLICY_KEYS)
     assert set(written["dp"]) <= set(DP_KEYS)
@@ -293,6 +294,7 @@ INVALID = [
      "allow_non_private, analyses, calibration_bins, calibration_strategy, dp, histogram_bins, min_cell_count, "
      "roc"),
     (_set("policy", {"histogram_bins": 0}), "policy.histogram_bins: must be between 1 and 1048576, got 0"),
+    (_set("policy", {"rocglm_fit": "noisy"}), "policy.rocglm_fit: must be one of"),
     (_set("policy", {"min_cell_count": 0}), "policy.min_cell_count: must be at least 1, got 0"),
     (_set("study.handshake_timeout_s", 0), "study.handshake_timeout_s: must be a finite number > 0, got 0.0"),
     (_set("study.handshake_timeout_s", 600), "study.handshake_timeout_s: must be at most 120 s"),

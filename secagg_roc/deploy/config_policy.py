@@ -13,7 +13,7 @@ import math
 from typing import Any
 
 from ..errors import PolicyError
-from ..policy import ACCOUNTING, MAX_HISTOGRAM_BINS, MECHANISMS, ROLES as POLICY_ROLES, DPPolicy, Policy
+from ..policy import ACCOUNTING, MAX_HISTOGRAM_BINS, MECHANISMS, ROCGLM_FITS, ROLES as POLICY_ROLES, DPPolicy, Policy
 from .config_table import REQUIRED, TomlTable
 
 __all__ = ["POLICY_IN_STUDY", "read_policy", "policy_table"]
@@ -24,7 +24,7 @@ POLICY_IN_STUDY = ("privacy_level", "min_sites")
 #: The keys of ``[policy]`` and ``[policy.dp]``, all optional but epsilon, delta and l2_sensitivity in ``dp``
 #: (named in the error for an unknown key, whichever of them a file sets).
 POLICY_KEYS = ("min_cell_count", "allow_dropouts", "allow_non_private", "analyses", "roles", "score_range",
-               "calibration_bins", "calibration_strategy", "rocglm_thresholds", "sensitivity_resolution",
+               "calibration_bins", "calibration_strategy", "rocglm_thresholds", "rocglm_fit", "sensitivity_resolution",
                "histogram_bins", "dp")
 DP_KEYS = ("epsilon", "delta", "l2_sensitivity", "mechanism", "accounting", "budget_epsilon", "budget_delta")
 
@@ -71,6 +71,8 @@ def read_policy(top: TomlTable, privacy_level: int, min_sites: int) -> Policy:
         fields["calibration_strategy"] = p.choice("calibration_strategy", "uniform", ("uniform", "quantile"))
     if "rocglm_thresholds" in p.data:
         fields["rocglm_thresholds"] = p.integer("rocglm_thresholds", REQUIRED, lo=3, hi=10_000)
+    if "rocglm_fit" in p.data:
+        fields["rocglm_fit"] = p.choice("rocglm_fit", "exact", ROCGLM_FITS)
     if "sensitivity_resolution" in p.data:
         fields["sensitivity_resolution"] = p.number("sensitivity_resolution", REQUIRED)
     if "histogram_bins" in p.data:  # (`policy_table` writes it when it is not the default)

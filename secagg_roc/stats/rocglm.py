@@ -51,12 +51,13 @@ from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, r
 from ..policy import Policy
 from ..queries.roc import NEGATIVES_KEY, POSITIVES_KEY
 from .delong import delong_variance, logit_ci, raw_ci
-from .glm import INTERCEPT, fit_design_rounds, fit_query
-from .rocglm_rows import released_start
+from .glm import INTERCEPT, fit_design_rounds, fit_glm_arrays, fit_query
+from .rocglm_rows import released_start, rocglm_rows
 from .results import NON_PRIVATE_NOTE, GlmResult, NamedArray, NonPrivateWarning  # noqa: F401  (importable from here)
 from .roc_release import COUNTS, SCORES, check_class_sites, check_score_range, declare_privacy
 from .rocglm_result import DegenerateAucWarning, RocGlmResult
-from .survival import check_thresholds, default_thresholds, empirical_roc, exact_moments
+from .survival import (check_thresholds, default_thresholds, empirical_roc, exact_moments, survivor,
+                       threshold_fractions)
 
 if TYPE_CHECKING:
     from ..study import Study
@@ -229,6 +230,17 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
     # The grid's size stands for its thresholds (every party derives t from it): a round's parameters are
     # encoded, digested and compared by every party, and 28 floats would be most of that work.
     design = {**reference, "kind": "rocglm", "grid": args["thresholds"], "ties": args["ties"]}
+    privacy = None
+    if private:
+        privacy = {k: args[k] for k in ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")}
+        privacy["policy_l2_sensitivity"] = policy.dp.l2_sensitivity if policy.dp else None
+        if policy.rocglm_fit == "released":
+            # The sites' policy: nothing exact about the exact scores after their DP release. The Newton rounds'
+            # exact totals, solved over the integers, gave the pooled count of positives in every band between
+            # two thresholds (red team 16); the fit and DeLong's moments are then post-processing of the release.
+            if ctx.party != "analyst":
+                return None  # a site's copy of the plan ends here: it answers no further round of the run
+            return _fit_to_release(negatives, positives, t, args, privacy, ctx.run.contributors)
     start = released_start(negatives, positives, args["thresholds"], args["ties"])
     glm = yield from fit_design_rounds(
         ctx, design, family="probit", names=GLM_NAMES, center=np.zeros(1), scale=np.ones(1), context=context,
@@ -244,15 +256,30 @@ def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any
         for side in ("negative", "positive")
     }
     (m_neg, v_neg), (m_pos, v_pos) = moments["negative"], moments["positive"]
-    privacy = None
-    if private:
-        privacy = {k: args[k] for k in ("epsilon", "delta", "l2_sensitivity", "mechanism", "sigma")}
-        privacy["policy_l2_sensitivity"] = policy.dp.l2_sensitivity if policy.dp else None
     return assemble(
         glm, t, n_negative=n0, n_positive=n1, mean_negative=m_neg, mean_positive=m_pos,
         var_negative=v_neg, var_positive=v_pos, alpha=args["alpha"], mode="dp" if private else "non-private",
         ties=args["ties"],
         privacy=privacy, roc_points=empirical_roc(negatives, positives), contributors=ctx.run.contributors,
+    )
+
+
+def _fit_to_release(negatives: np.ndarray, positives: np.ndarray, t: np.ndarray, args: dict[str, Any],
+                    privacy: dict[str, Any], contributors: tuple[str, ...] | None) -> RocGlmResult:
+    """Run by the Analyst under ``rocglm_fit = "released"``: the ROC-GLM and DeLong's moments from the released
+    samples alone (the pooled fit's computation on them), labelled DP and saying how it was fitted."""
+    resp, x, w = rocglm_rows(negatives, positives, t, threshold_fractions(t, args["thresholds"]), args["ties"])
+    glm = fit_glm_arrays(resp, x[:, None], family="probit", weights=w, names=list(GLM_NAMES), response=None,
+                         newton=True, mode="released")
+    glm.contributors = contributors
+    pl_neg = survivor(positives, negatives, ties="half")  # (the samples are sorted: `pooled_samples`)
+    pl_pos = survivor(negatives, positives, ties="half")
+    return assemble(
+        glm, t, n_negative=negatives.size, n_positive=positives.size, mean_negative=float(np.mean(pl_neg)),
+        mean_positive=float(np.mean(pl_pos)), var_negative=float(np.var(pl_neg, ddof=1)),
+        var_positive=float(np.var(pl_pos, ddof=1)), alpha=args["alpha"], mode="dp", ties=args["ties"],
+        privacy={**privacy, "rocglm_fit": "released"}, roc_points=empirical_roc(negatives, positives),
+        contributors=contributors,
     )
 
 
