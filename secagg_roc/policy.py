@@ -75,11 +75,11 @@ class Policy:
     #: One strategy per study: curves over different bins could be differenced.
     calibration_strategy: str = "uniform"
     rocglm_thresholds: int = 30
-    #: How a DP ROC-GLM is fitted: "exact" (the paper's: Newton rounds over the sites' exact scores placed against
-    #: the DP survivor function, then exact placement sums for DeLong) or "released" (from the DP release alone:
-    #: no exact round about the scores after it; the rounds' exact totals, solved over the integers, give the
-    #: pooled number of positives between each two thresholds, tests/test_attacks_redteam_16.py).
-    rocglm_fit: str = "exact"
+    #: How a DP ROC-GLM is fitted: "released" (the default: from the DP release alone, no exact round about the
+    #: scores after it) or "exact" (the paper's: Newton rounds over the sites' exact scores placed against the DP
+    #: survivor function, then exact placement sums for DeLong; their exact totals, solved over the integers,
+    #: give the pooled number of positives between each two thresholds: tests/test_attacks_redteam_16.py).
+    rocglm_fit: str = "released"
     sensitivity_resolution: float = 1e-4
     dp: DPPolicy | None = field(default=None)
     #: The study's score-histogram grid: equal-width buckets of the score range. An analyst may ask a DP histogram
@@ -179,7 +179,7 @@ class Policy:
             # Only when set: the policies written before it keep their digests.
             **({"calibration_strategy": self.calibration_strategy} if self.calibration_strategy != "uniform" else {}),
             "rocglm_thresholds": self.rocglm_thresholds,
-            **({"rocglm_fit": self.rocglm_fit} if self.rocglm_fit != "exact" else {}),  # (as histogram_bins)
+            **({"rocglm_fit": self.rocglm_fit} if self.rocglm_fit != "released" else {}),  # (as histogram_bins)
             "sensitivity_resolution": self.sensitivity_resolution,
             "dp": None if self.dp is None else self.dp.to_dict(),
             # Only when set: the policies written before it keep their digests.

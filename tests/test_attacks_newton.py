@@ -54,7 +54,9 @@ def _data(n: int = 300, seed: int = 0, sites: int = 3) -> tuple[np.ndarray, np.n
 
 
 def _study(data: dict | None = None, **policy) -> sr.Study:
-    policy = Policy(**{"privacy_level": 5, "dp": DP, "roles": ROLES, "allow_non_private": True, **policy})
+    # The paper's exact rounds (`rocglm_fit = "exact"`), which this file attacks: the default fits to the release.
+    policy = Policy(**{"privacy_level": 5, "dp": DP, "roles": ROLES, "allow_non_private": True, "rocglm_fit": "exact",
+                       **policy})
     return sr.Study.local(data or _data()[2], policy=policy, seed=2, allow_non_private=True)
 
 
@@ -589,7 +591,7 @@ def test_deployed_newton_rounds_survive_a_killed_site_and_refuse_a_chosen_beta(t
     for name, n in (("site-a", 60), ("site-b", 80), ("site-c", 70)):
         y = rng.integers(0, 2, n)
         data[name] = {"y": y, "score": np.clip(0.3 * y + 0.7 * rng.random(n), 0, 1).round(6)}
-    policy = Policy(privacy_level=5, min_sites=2, analyses=("rocglm",), roles=ROLES, dp=DP)
+    policy = Policy(privacy_level=5, min_sites=2, analyses=("rocglm",), roles=ROLES, dp=DP, rocglm_fit="exact")
     cluster = LocalCluster(tmp_path, data, seed=13, policy=policy, round_timeout_s=30.0)
     with cluster.start():
         loaded = {s.name: load_site_data(s.data, s.columns) for s in cluster.config.sites}

@@ -248,7 +248,7 @@ def test_rocglm_ties_on_one_replayed_release_follow_one_path():
         y = rng.integers(0, 2, 100)
         data[f"h{k}"] = {"y": y, "p": np.clip(0.3 * y + 0.7 * rng.random(100), 0, 1)}
     dp = sr.DPPolicy(epsilon=0.3, delta=0.4, l2_sensitivity=0.016, budget_epsilon=30.0, budget_delta=0.99)
-    study = sr.Study.local(data, policy=sr.Policy(dp=dp, roles=ROLES), seed=2)
+    study = sr.Study.local(data, policy=sr.Policy(dp=dp, roles=ROLES, rocglm_fit="exact"), seed=2)
     seen: dict[str, list] = {}
     aggregate = study.aggregate
 

@@ -254,7 +254,7 @@ def test_the_refusal_at_the_join_depends_on_the_policy_and_the_plan_never_on_the
     bad["s1"]["y"] = np.full_like(bad["s1"]["y"], 2)  # labels the data checks refuse
     bad["s1"]["score"][:3] = np.nan
     for data in (_data(seed=1), _data(seed=2), bad):
-        study = _study(data)
+        study = _study(data, rocglm_fit="exact")  # (the paper's fit, whose runs send glm.newton)
         _whitelist(study, "s1", {"rocglm.counts", "rocglm.scores", "glm.fisher", "rocglm.placement_sums"})
         with pytest.raises(PolicyError) as refused:
             _run(study, "rocglm", {"label": "y", "score": "score"})
@@ -264,7 +264,7 @@ def test_the_refusal_at_the_join_depends_on_the_policy_and_the_plan_never_on_the
 
 
 def test_with_dropouts_allowed_the_refusing_site_stays_out_and_spends_nothing() -> None:
-    study = _study(allow_dropouts=True)
+    study = _study(allow_dropouts=True, rocglm_fit="exact")
     _whitelist(study, "s2", set(QUERIES) - {"glm.newton"})
     result = _run(study, "rocglm", {"label": "y", "score": "score"})
     assert tuple(result.contributors) == ("s0", "s1")

@@ -399,7 +399,8 @@ def test_dp_mode_runs_is_labelled_and_charges_each_release_once():
     pauc = sr.partial_auc(study, "y", "b", specificity=(0.8, 1))
     coords = sr.coords(study, "y", "a")
     assert all(study.ledger(s).spent().releases == 2 for s in study.sites)
-    assert rocglm.auc_empirical == pytest.approx(got.auc1, abs=1e-12)  # the same noisy reference samples
+    # (fitted to the release, the default: its empirical AUC is the released samples', not the exact placements')
+    assert rocglm.privacy["rocglm_fit"] == "released" and abs(rocglm.auc_empirical - got.auc1) < 0.03
     assert pauc.mode == coords.mode == "dp" and coords.privacy["sigma"] == got.privacy["sigma"]
     assert pauc.value == pytest.approx(sr.pooled.partial_auc(y, b, specificity=(0.8, 1)).value, abs=0.02)
     assert len(coords) > 100 and (coords.n_negative, coords.n_positive) == (int((y == 0).sum()), int(y.sum()))

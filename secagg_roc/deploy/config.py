@@ -80,7 +80,7 @@ Example (every key of the schema; the ones marked optional show their default)::
     calibration_bins = 10          # optional: the calibration curve's fixed bins
     calibration_strategy = "uniform" # optional: or "quantile" (equal-count bins from the scores' DP release)
     rocglm_thresholds = 30          # optional: the ROC-GLM's fixed threshold grid
-    rocglm_fit = "exact"            # optional: or "released" (a DP ROC-GLM fitted from the DP release alone)
+    rocglm_fit = "released"         # optional: a DP ROC-GLM fitted to the DP release alone, or "exact" (the paper's rounds)
     sensitivity_resolution = 0.0001 # optional: grid of the l2-sensitivity estimate
 
     [policy.roles]                  # optional; omitted = any array in any role (one role per analysis)

@@ -72,7 +72,7 @@ def read_policy(top: TomlTable, privacy_level: int, min_sites: int) -> Policy:
     if "rocglm_thresholds" in p.data:
         fields["rocglm_thresholds"] = p.integer("rocglm_thresholds", REQUIRED, lo=3, hi=10_000)
     if "rocglm_fit" in p.data:
-        fields["rocglm_fit"] = p.choice("rocglm_fit", "exact", ROCGLM_FITS)
+        fields["rocglm_fit"] = p.choice("rocglm_fit", "released", ROCGLM_FITS)
     if "sensitivity_resolution" in p.data:
         fields["sensitivity_resolution"] = p.number("sensitivity_resolution", REQUIRED)
     if "histogram_bins" in p.data:  # (`policy_table` writes it when it is not the default)

@@ -195,8 +195,16 @@ def _digest(*arrays: np.ndarray) -> str:
 PLACEMENT_SUMS = "rocglm.placement_sums"
 
 
+def _rocglm_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
+    """A DP run fitted to its release (``rocglm_fit = "released"``) sends nothing after the release: every site
+    refuses a Newton round or the placement sums for it, whoever asks."""
+    if args["mode"] == "dp" and policy.rocglm_fit == "released":
+        return {COUNTS, SCORES}
+    return {COUNTS, SCORES, fit_query(True), PLACEMENT_SUMS}
+
+
 @plan("rocglm", declare=_rocglm_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
-      queries={COUNTS, SCORES, fit_query(True), PLACEMENT_SUMS})
+      queries={COUNTS, SCORES, fit_query(True), PLACEMENT_SUMS}, sends=_rocglm_sends)
 def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocGlmResult]:
     """The ``rocglm`` plan: counts, the per-site DP release, Newton rounds, DeLong moments."""
     policy = ctx.policy
