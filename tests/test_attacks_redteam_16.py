@@ -339,6 +339,7 @@ def test_a_rocglm_fitted_to_the_release_runs_no_exact_round_after_it_and_is_the_
         result = sr.roc_glm(study, "y", "score")
     assert spy.glm == [] and newtons == [] and seen == ["run.join", "rocglm.counts"], seen  # then the release
     assert result.mode == "dp" and result.privacy["rocglm_fit"] == "released"
+    assert "Fitted to the DP release alone" in repr(result)
     released = {c: np.concatenate([np.asarray(r[c]) for r in spy.dp[0].values()]) for c in ("negative", "positive")}
     y_rel = np.r_[np.zeros(released["negative"].size), np.ones(released["positive"].size)]
     ref = sr.pooled.roc_glm(y_rel, np.r_[released["negative"], released["positive"]])

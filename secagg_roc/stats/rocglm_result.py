@@ -159,6 +159,8 @@ class RocGlmResult:
                 f"in {self.glm.iterations} iterations; ties in placement values: "
                 + ("counted 1/2" if self.ties == "half" else "strict (the paper's)"),
             ]
+            + (["\tFitted to the DP release alone (rocglm_fit = 'released'): no exact round after it"]
+               if p.get("rocglm_fit") == "released" else [])
             + ([f"\tSites: {', '.join(self.contributors)}"] if self.contributors is not None else [])
         )
 
