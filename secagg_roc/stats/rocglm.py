@@ -14,7 +14,13 @@ Steps (site side: `queries.roc`):
 4. the ROC-GLM ``ROC(t) = Phi(gamma1 + gamma2 Phi^-1(t))`` is fitted as a probit
    GLM on the sites' rows ``(I(S~0(y_i) <= t_j), Phi^-1(t_j))`` by distributed
    Newton iterations (`stats.glm`; the paper's Fisher scoring reaches the same
-   maximum in about twice the rounds), from the fit to the released samples;
+   maximum in about twice the rounds), from the fit to the released samples.
+   That is the policy's ``rocglm_fit = "exact"`` (the paper's method). By
+   default (``"released"``) a DP run ends at step 3: the analyst fits the same
+   rows, and takes DeLong's moments (step 6), from the released samples alone,
+   and no site answers a round after the release (`_rocglm_sends`), since the
+   exact rounds' totals, solved over the integers, give the pooled number of
+   positives between each two thresholds (tests/test_attacks_redteam_16.py);
 5. AUC = integral of the fitted curve over (0, 1), checked against the closed
    form Phi(gamma1 / sqrt(1 + gamma2^2));
 6. DeLong's variance from exact integer sums of the placement values and of
@@ -206,7 +212,8 @@ def _rocglm_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
 @plan("rocglm", declare=_rocglm_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
       queries={COUNTS, SCORES, fit_query(True), PLACEMENT_SUMS}, sends=_rocglm_sends)
 def rocglm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocGlmResult]:
-    """The ``rocglm`` plan: counts, the per-site DP release, Newton rounds, DeLong moments."""
+    """The ``rocglm`` plan: counts, the per-site DP release, then Newton rounds and DeLong moments (or, for a DP
+    run under ``rocglm_fit = "released"``, the analyst's fit to the release alone)."""
     policy = ctx.policy
     t = default_thresholds(args["thresholds"])
     base = {"label": args["label"], "score": args["score"], "score_range": list(policy.score_range)}
