@@ -120,10 +120,10 @@ def _stalled_run(study, opened: threading.Semaphore, outcome: dict) -> None:
 def test_runs_stalled_at_their_join_do_not_stall_the_other_runs_of_a_site_agent(tmp_path) -> None:
     """Hole 1. Real processes, Shamir 2-of-3, every site up: the analyst, from three clients at once, closes
     three runs' joins over three of the five sites at aggregators 0 and 1 only, then opens each run's step 1.
-    Sites a-c wait (up to the round timeout, 20 s) for aggregator 2's shares of the joins; meanwhile an honest
+    Sites a-c wait (up to the round timeout, 12 s) for aggregator 2's shares of the joins; meanwhile an honest
     run over every site, deadline 8 s per round, must still be answered, and give exactly what it gave before
     the attack; each stalled run ends at its join (its step 1 refused naming the rule)."""
-    with _shamir(tmp_path, round_timeout_s=20.0).start() as cl:
+    with _shamir(tmp_path, round_timeout_s=12.0).start() as cl:
         with cl.study(round_timeout_s=8.0) as honest:
             before = st.brier_score(honest, "y", "score")
             assert before.contributors == SITES
@@ -132,7 +132,7 @@ def test_runs_stalled_at_their_join_do_not_stall_the_other_runs_of_a_site_agent(
         with contextlib.ExitStack() as stack:
             threads = []
             for outcome in outcomes:
-                bad = stack.enter_context(cl.study(round_timeout_s=30.0))
+                bad = stack.enter_context(cl.study(round_timeout_s=20.0))
                 _stalled_run(bad, opened, outcome)
 
                 def attack(bad=bad, outcome=outcome) -> None:

@@ -232,13 +232,14 @@ THREE = ("site-a", "site-b", "site-c")
 def test_a_deployed_site_agent_takes_a_join_over_fewer_sites_only_from_every_aggregator(tmp_path) -> None:
     """Real processes, Shamir 2-of-3, dropouts allowed, site-d never started: a run over the other three
     sites runs while every aggregator is up, and ends at its join (at every site, naming the rule) while one
-    is down: the sites wait a round timeout (10 s here) for its share, then refuse the run's next step; a run
+    is down: the sites wait a round timeout (6 s here) for its share, then refuse the run's next step; a run
     over every site would still need two aggregators only (the embedded test above)."""
     with LocalCluster(tmp_path, _deployed_data(), n_aggregators=3, scheme="shamir", threshold=2,
-                      round_timeout_s=10.0, min_sites=2,
+                      round_timeout_s=6.0, min_sites=2,
                       policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=list(THREE)) as cl:
         # Longer than the sites' wait for a silent share, shorter than the aggregators keep a round open.
-        with cl.study(round_timeout_s=15.0) as study:
+        with cl.study(round_timeout_s=10.0, poll_wait=0.5) as study:
+            study.sites = THREE  # the analyst knows site-d is down: its joins close once the others answered
             assert st.brier_score(study, "y", "score").contributors == THREE
             cl.stop_party(cl.aggregator_names[-1])
             with pytest.raises(PolicyError, match="not every aggregator released it"):
@@ -260,9 +261,10 @@ def test_a_deployed_join_over_fewer_sites_released_late_by_one_aggregator_still_
     with LocalCluster(tmp_path, _deployed_data(), n_aggregators=3, scheme="shamir", threshold=2,
                       round_timeout_s=10.0, min_sites=2,
                       policy={"allow_dropouts": True, "min_cell_count": 1}).start(sites=list(THREE)) as cl:
-        # The join waits for site-d until the analyst's timeout (10 s), and its late close (6 s later) must
-        # come before the aggregators drop the round (20 s after it opened).
-        with cl.study(round_timeout_s=10.0) as study:
+        # The analyst knows site-d is down, so the join closes once the others answered; its late close (6 s
+        # later) must come before the aggregators drop the round (20 s after it opened).
+        with cl.study(round_timeout_s=10.0, poll_wait=0.5) as study:
+            study.sites = THREE
             on_time = st.brier_score(study, "y", "score")
             assert on_time.contributors == THREE
             close_now, late = study._close, {}

@@ -4,6 +4,10 @@ fewer than all sites uses, `site_fetch.fetch_release`): the rest are waited for 
 from __future__ import annotations
 
 import asyncio
+import ssl
+from pathlib import Path
+
+import pytest
 
 from secagg_roc.deploy.quorum import gather_quorum
 
@@ -15,11 +19,12 @@ def _calls(delays: dict[int, float]):
     return [(j, lambda j=j: answer(j)) for j in delays]
 
 
-def _gather(delays: dict[int, float], grace) -> tuple[dict[int, int], set[int], float]:
+def _gather(delays: dict[int, float], grace, down=None) -> tuple[dict[int, int], set[int], float]:
     async def go():
         loop = asyncio.get_running_loop()
         start = loop.time()
-        got, absent = await gather_quorum(_calls(delays), need=2, deadline=start + 30.0, grace=grace, what="test")
+        got, absent = await gather_quorum(_calls(delays), need=2, deadline=start + 30.0, grace=grace, what="test",
+                                          down=down)
         return got, absent, loop.time() - start
     return asyncio.run(go())
 
@@ -45,3 +50,38 @@ def test_a_grace_computed_from_the_answers_still_ends_at_its_length() -> None:
     got, absent, took = _gather({0: 0.0, 1: 0.0, 2: 5.0}, lambda results: 0.3)
     assert sorted(got) == [0, 1] and absent == {2}
     assert 0.25 <= took < 2.0
+
+
+def test_the_grace_ends_once_every_silent_aggregator_refuses_connections() -> None:
+    # Aggregator 2 never answers. While its process is down (its connections refused) a quorum that answered
+    # goes on at once, not after the 20 s grace; while it is merely slow, the grace is waited out as before.
+    got, absent, took = _gather({0: 0.0, 1: 0.05, 2: 60.0}, 20.0, down=lambda j: j == 2)
+    assert sorted(got) == [0, 1] and absent == {2}
+    assert took < 5.0
+    got, absent, took = _gather({0: 0.0, 1: 0.05, 2: 60.0}, 0.5, down=lambda j: False)
+    assert sorted(got) == [0, 1] and absent == {2}
+    assert took >= 0.5
+    # A down aggregator among those the quorum still needs is waited for: nothing goes on without a quorum.
+    got, absent, took = _gather({0: 0.0, 1: 0.4, 2: 60.0}, 20.0, down=lambda j: j in (1, 2))
+    assert sorted(got) == [0, 1] and absent == {2} and 0.35 <= took < 5.0
+
+
+def test_a_refused_connection_marks_the_aggregator_down_until_one_succeeds() -> None:
+    import socket
+
+    from secagg_roc.deploy.config_schema import AggregatorConfig
+    from secagg_roc.deploy.http_bulk import BulkConnections
+    from secagg_roc.deploy.http_protocol import TransportError
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there now: a connection is refused
+    with pytest.raises(ConnectionRefusedError) as refused:
+        socket.create_connection(("127.0.0.1", port), timeout=5.0)
+    config = AggregatorConfig(name="agg-1", host="127.0.0.1", port=port, cert=Path("c.pem"), key=Path("k.pem"),
+                              database=Path("agg.sqlite"))
+    bulk = BulkConnections(config, "study", ssl.create_default_context(), max_response_bytes=1, connect_timeout=1.0)
+    assert not bulk.down
+    assert isinstance(bulk.connect_error(refused.value), TransportError) and bulk.down
+    assert isinstance(bulk.connect_error(TimeoutError()), TransportError) and not bulk.down  # maybe just slow

@@ -98,7 +98,8 @@ async def reserve_then_close(clients: Sequence[AggregatorClient], close: CloseRo
                                 f"scheme needs {need} (absent: {sorted(absent)})")
     if threshold:
         results, missing = await gather_quorum([(j, lambda c=clients[j]: c.send(close)) for j in held], need=need,
-                                               deadline=deadline, grace=grace, what=f"close {close.round_id}")
+                                               deadline=deadline, grace=grace, what=f"close {close.round_id}",
+                                               down=lambda j: clients[j].down)
         absent |= missing
         return [results[j] for j in sorted(results)]
     return list(await asyncio.gather(*(retry(lambda c=clients[j]: c.send(close), deadline=deadline,

@@ -129,6 +129,12 @@ class AggregatorClient:
     def __repr__(self) -> str:
         return f"AggregatorClient({self.name!r}, {self.config.url})"
 
+    @property
+    def down(self) -> bool:
+        """Whether the latest connection attempt to this aggregator was refused (its process is not running):
+        a quorum that answered need not wait for it (`quorum.gather_quorum`)."""
+        return self._bulk.down
+
     async def _connect(self) -> _Connection:
         try:
             reader, writer = await asyncio.wait_for(

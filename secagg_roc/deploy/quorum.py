@@ -3,10 +3,11 @@
 Under a threshold scheme (Shamir t-of-n) a round needs only t aggregators:
 `gather_quorum` runs one call per aggregator at once, each retried on
 transport failures, and returns as soon as every aggregator answered, or
-`grace` seconds after the t-th did; the aggregators still silent then, and
-those that kept failing, are reported as absent (`grace` may depend on the
-answers so far: a site fetching a join over fewer than all sites waits longer,
-`site_fetch`). An error reply (a refusal)
+`grace` seconds after the t-th did, or as soon as every one still silent
+refuses connections (`down`: its process is not running, so waiting is no
+use); the aggregators still silent then, and those that kept failing, are
+reported as absent (`grace` may depend on the answers so far: a site fetching
+a join over fewer than all sites waits longer, `site_fetch`). An error reply (a refusal)
 is raised as soon as so many aggregators refused that `need` can no longer
 answer (or, at the end, when fewer than `need` answered); from fewer, it
 counts as that aggregator's absence, so one lying aggregator cannot end a
@@ -26,16 +27,22 @@ from .http_protocol import TransportError
 T = TypeVar("T")
 
 
+#: How often, once a quorum answered, a caller passing `down` checks whether every silent aggregator is down.
+_DOWN_CHECK_S = 0.05
+
+
 class TooFewAggregators(RoundError):
     """Fewer aggregators answered than the scheme needs (the others kept failing, or stayed silent)."""
 
 
 async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]], *, need: int, deadline: float,
                         grace: float | Callable[[dict[int, T]], float], what: str,
-                        have: int = 0) -> tuple[dict[int, T], set[int]]:
+                        have: int = 0, down: Callable[[int], bool] | None = None) -> tuple[dict[int, T], set[int]]:
     """Run `calls` (aggregator index, call) at once; (index -> result, absent indices), with at least `need`
     results counting `have` answers the caller holds already, or `RoundError` naming the absent aggregators.
-    `deadline` is on the event loop's clock; `grace` is re-read from the answers after each one comes."""
+    `deadline` is on the event loop's clock; `grace` is re-read from the answers after each one comes.
+    `down(j)`: aggregator j refused its latest connection; once `need` answered, the grace ends early when
+    every call still pending is to such an aggregator."""
     loop = asyncio.get_running_loop()
     wait_more = grace if callable(grace) else (lambda _results: grace)
     tasks = {asyncio.ensure_future(retry(call, deadline=deadline, what=f"{what} at aggregator {j}")): j
@@ -49,6 +56,8 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
     try:
         while pending:
             timeout = None if quorum_at is None else max(0.0, quorum_at + wait_more(results) - loop.time())
+            if timeout is not None and down is not None:
+                timeout = min(timeout, _DOWN_CHECK_S)  # a retry's refused connection completes no task: look again
             done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 exc = task.exception()
@@ -66,7 +75,8 @@ async def gather_quorum(calls: Sequence[tuple[int, Callable[[], Awaitable[T]]]],
                 raise refusals[0]  # no quorum can form any more: the round cannot go on as asked
             if quorum_at is None and len(results) + have >= need:
                 quorum_at = loop.time()
-            if quorum_at is not None and loop.time() >= quorum_at + wait_more(results):
+            if quorum_at is not None and (loop.time() >= quorum_at + wait_more(results)
+                                          or down is not None and all(down(tasks[t]) for t in pending)):
                 break
     finally:
         for task in pending:
@@ -91,7 +101,8 @@ async def call_every(clients: Sequence[AggregatorClient], call: Callable[[Aggreg
     if threshold < len(clients):
         live = [(j, c) for j, c in enumerate(clients) if j not in absent]
         results, more = await gather_quorum([(j, lambda c=c: call(c)) for j, c in live], need=threshold,
-                                            deadline=loop_deadline, grace=grace, what=what)
+                                            deadline=loop_deadline, grace=grace, what=what,
+                                            down=lambda j: clients[j].down)
         return [results[j] for j in sorted(results)], absent | more
     answers = await asyncio.gather(*(retry(lambda c=c: call(c), deadline=loop_deadline,
                                            what=f"{what} at aggregator {c.name!r}") for c in clients))

@@ -95,11 +95,11 @@ async def open_first_live(clients: Sequence[tuple[int, AggregatorClient]],
             reasons.append(f"{first.name}: {exc}")
             continue
         # The rest, those that failed to take it alone too (one may be back): a quorum of them is enough.
-        rest = [(i, c) for i, c in clients if i != j]
+        rest = {i: c for i, c in clients if i != j}
         if not rest:
             return set()
-        _, more = await gather_quorum([(i, lambda c=c: send(c)) for i, c in rest], need=need, have=1,
-                                      deadline=loop_deadline, grace=grace, what=what)
+        _, more = await gather_quorum([(i, lambda c=c: send(c)) for i, c in rest.items()], need=need, have=1,
+                                      deadline=loop_deadline, grace=grace, what=what, down=lambda i: rest[i].down)
         return more
     raise TooFewAggregators(f"{what}: aggregators {sorted(absent)} do not answer, and the scheme needs {need} of "
                             f"the {len(clients)} asked ({'; '.join(reasons)})")

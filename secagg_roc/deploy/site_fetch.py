@@ -21,7 +21,7 @@ count as that aggregator's absence, never as the end of the round:
   (`NoRelease`).
 
 Under a threshold scheme the site goes on `RELEASE_GRACE_S` after the t-th
-share, except for a run's join whose shares so far name a contributor set
+share (at once if every aggregator still silent refuses connections), except for a run's join whose shares so far name a contributor set
 without every site of the study: that one is taken in only from every
 aggregator (`plans.site_runs.SiteRuns.on_join_release`), so the site waits
 for the others' shares up to `join_wait` (a round timeout: the analyst closes
@@ -154,17 +154,26 @@ async def fetch_release(clients: list[AggregatorClient], query: Query, *, need: 
             for f in fetches:
                 f.cancel()
     study = frozenset(sites)
+    every_share_needed = False
 
     def grace(got: dict[int, Message]) -> float:
         """Run by the Site: how long to wait for the rest once `need` shares came (`got` so far)."""
+        nonlocal every_share_needed
         if query.name == JOIN and any(not study <= set(s.contributors) for s in got.values()
                                       if isinstance(s, (AggregateShare, ForwardedShares))):
+            every_share_needed = True
             return max(RELEASE_GRACE_S, join_wait)  # taken in from every aggregator only: worth the wait
         return RELEASE_GRACE_S
 
+    def down(j: int) -> bool:
+        """An aggregator that refuses connections is not waited for, unless its share is needed (it may be
+        restarting: the join's wait lets the run go on)."""
+        return clients[j].down and not every_share_needed
+
     try:  # a threshold scheme: `need` aggregators' shares combine; absent ones are waited for `grace` only
         got, _ = await gather_quorum([(j, lambda c=c: one(c)) for j, c in enumerate(clients)], need=need,
-                                     deadline=give_up, grace=grace, what=f"the release of round {number}")
+                                     deadline=give_up, grace=grace, what=f"the release of round {number}",
+                                     down=down)
     except TooFewAggregators:
         if len(refused) > len(clients) - need:  # so many refuse that no quorum can ever form
             raise NoRelease("; ".join(f"{name}: {why}" for name, why in sorted(refused.items()))) from None
