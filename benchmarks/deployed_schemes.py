@@ -8,7 +8,7 @@ SQLite with synchronous=FULL) with the same K sites' data; the analyst runs
 the Brier score (a run's join, then one secure sum) once to warm up and then
 `--repeats` times. Printed per scheme: the median wall time of one analysis
 and its ratio to additive sharing with two aggregators, measured in the same
-run. Pairwise masking adds three site-server round trips per secure sum (keys,
+run ("1 down": the last aggregator's process killed before the warm-up). Pairwise masking adds three site-server round trips per secure sum (keys,
 encrypted shares, the unmask answers) to the one of the other schemes, with one
 server instead of two or three aggregators.
 """
@@ -28,6 +28,7 @@ from secagg_roc.deploy.local_cluster import LocalCluster
 SCHEMES = {  # name -> LocalCluster settings
     "additive (2 aggregators)": {"n_aggregators": 2},
     "shamir 2-of-3": {"n_aggregators": 3, "scheme": "shamir", "threshold": 2},
+    "shamir 2-of-3, 1 down": {"n_aggregators": 3, "scheme": "shamir", "threshold": 2, "down": 1},
     "pairwise (1 server)": {"n_aggregators": 1, "scheme": "pairwise"},
 }
 
@@ -43,9 +44,13 @@ def site_data(k: int, n: int = 200) -> dict[str, dict[str, np.ndarray]]:
 
 def analysis_seconds(settings: dict, data: dict, repeats: int) -> tuple[float, float]:
     """(median seconds of one Brier analysis, its value) on a fresh deployment with `settings`."""
+    settings = dict(settings)
+    down = settings.pop("down", 0)
     with tempfile.TemporaryDirectory() as folder:
         cluster = LocalCluster(folder, data, round_timeout_s=30.0, policy={"min_cell_count": 1}, **settings)
         with cluster.start(), cluster.study() as study:
+            for name in cluster.aggregator_names[len(cluster.aggregator_names) - down:]:
+                cluster.kill(name)  # its process gone: the others carry every round
             value = float(sr.brier_score(study, "y", "score"))  # warm-up
             times = []
             for _ in range(repeats):
