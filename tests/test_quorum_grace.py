@@ -1,6 +1,6 @@
 """`deploy.quorum.gather_quorum` with a grace computed from the answers so far (what a site fetching a join over
-fewer than all sites uses, `site_fetch.fetch_release`): the rest are waited for as long as it says, no longer."""
-
+fewer than all sites uses, `site_fetch.fetch_release`): the rest are waited for as long as it says, no longer, and
+not at all once every one still silent refuses connections, except where the site needs every share."""
 from __future__ import annotations
 
 import asyncio
@@ -85,3 +85,61 @@ def test_a_refused_connection_marks_the_aggregator_down_until_one_succeeds() -> 
     assert not bulk.down
     assert isinstance(bulk.connect_error(refused.value), TransportError) and bulk.down
     assert isinstance(bulk.connect_error(TimeoutError()), TransportError) and not bulk.down  # maybe just slow
+
+
+class _Aggregator:
+    """An aggregator as `site_fetch.fetch_release` sees one: its process down (connections refused, `down`) until
+    `back_at` on the loop's clock, then answering with `share` (None: never)."""
+
+    def __init__(self, name: str, share, back_at: float = 0.0):
+        self.name, self.share, self.back_at = name, share, back_at
+
+    @property
+    def down(self) -> bool:
+        return asyncio.get_running_loop().time() < self.back_at
+
+    async def release(self, request, wait, *, limit):
+        from secagg_roc.deploy.http_protocol import TransportError
+
+        if self.down or self.share is None:
+            raise TransportError(f"cannot reach {self.name}: connection refused")
+        return self.share
+
+
+def _fetch(name: str, contributors: tuple[str, ...], back_in: float) -> tuple[int, float]:
+    """(shares taken, seconds) for a site fetching a 2-of-3 release whose third aggregator is down `back_in` s."""
+    import hashlib
+
+    import numpy as np
+
+    from secagg_roc.deploy.site_fetch import fetch_release
+    from secagg_roc.messages import AggregateShare, Query, RoundId
+    from secagg_roc.ring import Encoding
+
+    rid = RoundId("study", 3, hashlib.sha256(b"q").digest())
+    shares = [AggregateShare(rid, j, contributors, 7, Encoding(32, False), (("sum", (1,), False),),
+                             np.zeros(1, np.uint64)) for j in range(3)]
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        clients = [_Aggregator("agg-1", shares[0]), _Aggregator("agg-2", shares[1]),
+                   _Aggregator("agg-3", shares[2], back_at=start + back_in)]
+        got = await fetch_release(clients, Query(rid, name, "{}"), need=2, limit=1 << 20, wait=1.0,
+                                  give_up=start + 30.0, stopping=lambda: False, sites=("a", "b", "c"),
+                                  join_wait=10.0)
+        return len(got), loop.time() - start
+    return asyncio.run(go())
+
+
+def test_a_site_waits_for_an_aggregator_that_is_down_only_where_its_share_is_needed() -> None:
+    from secagg_roc.deploy.site_fetch import RELEASE_GRACE_S
+    from secagg_roc.queries.run import JOIN
+
+    # A round over every site: agg-3's process is down, so the site goes on with two shares at once.
+    taken, took = _fetch("calibration.brier", ("a", "b", "c"), back_in=60.0)
+    assert taken == 2 and took < RELEASE_GRACE_S / 2
+    # A join over fewer than all sites is taken in from every aggregator only: the site waits for agg-3, down
+    # or not (it may be restarting), and takes its share once it is back.
+    taken, took = _fetch(JOIN, ("a", "b"), back_in=RELEASE_GRACE_S + 1.0)
+    assert taken == 3 and took >= RELEASE_GRACE_S + 1.0
