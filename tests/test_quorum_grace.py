@@ -1,6 +1,7 @@
 """`deploy.quorum.gather_quorum` with a grace computed from the answers so far (what a site fetching a join over
 fewer than all sites uses, `site_fetch.fetch_release`): the rest are waited for as long as it says, no longer, and
 not at all once every one still silent refuses connections, except where the site needs every share."""
+
 from __future__ import annotations
 
 import asyncio
