@@ -102,16 +102,13 @@ from hypothesis import strategies as hst
 
 from secagg_roc.deploy.http_protocol import pack_feed
 from secagg_roc.deploy.local_cluster import LocalCluster
-from secagg_roc.deploy.tls import peer_identity, server_ssl_context
+from secagg_roc.deploy.tls import peer_identity
 
 from deploy_client import join_query, make_query
+from fake_aggregator import FakeAggregator, http, read_request
 from test_deploy_schemes import make_data
 
 pytestmark = [pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
-
-
-def _http(status: int, body: bytes = b"") -> bytes:
-    return f"HTTP/1.1 {status} X\r\nContent-Length: {len(body)}\r\n\r\n".encode("latin-1") + body
 
 
 def _rss_mib(cluster: LocalCluster, party: str) -> float:
@@ -128,17 +125,13 @@ def _wait(predicate, timeout: float, what: str) -> None:
     raise TimeoutError(f"timed out waiting for {what}")
 
 
-class _Colluder:
+class _Colluder(FakeAggregator):
     """An aggregator with the analyst: its real certificate and port, a feed of the analyst's making (`entries`,
     the first `head` served at once, the rest once `go` is set), release requests held open."""
 
     def __init__(self, cluster: LocalCluster, name: str, entries: list[tuple[int, bytes]], head: int = 1,
                  chunk: int = 1000, pace: list | None = None):
-        cfg = next(a for a in cluster.config.aggregators if a.name == name)
-        self.cfg, self.entries, self.head, self.chunk = cfg, entries, head, chunk
-        self.study_id = cluster.config.study_id
-        self.ctx = server_ssl_context(cluster.config.ca_cert, cfg.cert, cfg.key)
-        self.requests: list[tuple[str, str]] = []
+        self.entries, self.head, self.chunk = entries, head, chunk
         #: The colluders' cursors (shared): none serves more than `chunk` entries ahead of the slowest, so the
         #: site sees each round's two offers close together (its book keeps 4,096 offers per aggregator).
         self.pace = pace if pace is not None else []
@@ -147,44 +140,30 @@ class _Colluder:
         self.posted = threading.Event()
         self.held = self.most_held = 0  # key-phase or release polls held open now, and at most
         self.go = threading.Event()  # set: the rest of the feed is served too
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
-        self.thread.start()
-        started.wait(10)
-
-    def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, self.cfg.host, self.cfg.port, ssl=self.ctx, reuse_address=True))
-        started.set()
-        self.loop.run_forever()
-
-    def count(self, prefix: str) -> int:
-        return sum(1 for _, p in list(self.requests) if p.startswith(prefix))
+        super().__init__(cluster, name)
 
     async def _reply(self, method: str, path: str) -> bytes | None:
         if path == "/v1/info":
-            return _http(200, ('{"study": "%s", "aggregator": "%s", "next_number": 1, "open_rounds": 0}'
-                               % (self.study_id, self.cfg.name)).encode())
+            return http(200, ('{"study": "%s", "aggregator": "%s", "next_number": 1, "open_rounds": 0}'
+                              % (self.study_id, self.cfg.name)).encode())
         if path.startswith("/v1/feed"):
             since = int(parse_qs(urlsplit(path).query)["since"][0])
             served = len(self.entries) if self.go.is_set() else self.head
             if since >= served:
                 await asyncio.sleep(1.0)  # a long poll that ends empty
-                return _http(200, b"".join(pack_feed(since, [])))
+                return http(200, b"".join(pack_feed(since, [])))
             upto = min(served, since + self.chunk, min(self.pace) + self.chunk)
             if upto <= since:
                 await asyncio.sleep(0.05)
-                return _http(200, b"".join(pack_feed(since, [])))
+                return http(200, b"".join(pack_feed(since, [])))
             self.pace[self.me] = upto
-            return _http(200, b"".join(pack_feed(upto, self.entries[since:upto])))
+            return http(200, b"".join(pack_feed(upto, self.entries[since:upto])))
         if path == "/v1/message" or path == "/v1/refusal":
             self.posted.set()
-            return _http(200, b"")  # (not a message: the site logs the push as refused, nothing else)
+            return http(200, b"")  # (not a message: the site logs the push as refused, nothing else)
         if path.startswith("/v1/pairwise"):  # (the only aggregator of a pairwise study)
             if method == "POST":
-                return _http(200, b"")
+                return http(200, b"")
             self.held += 1
             self.most_held = max(self.most_held, self.held)
             try:
@@ -206,11 +185,7 @@ class _Colluder:
         try:
             if peer_identity(writer.get_extra_info("ssl_object"))[1] != "site":
                 return
-            head = await reader.readuntil(b"\r\n\r\n")
-            method, path = head.decode("latin-1").split(" ")[:2]
-            length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n")
-                           if h.lower().startswith(b"content-length")), 0)
-            await reader.readexactly(length)
+            method, path, _ = await read_request(reader)
             self.requests.append((method, path))
             out = await self._reply(method, path)
             if out is not None:
@@ -221,16 +196,6 @@ class _Colluder:
         finally:
             writer.close()
 
-    def close(self) -> None:
-        async def stop() -> None:
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 # == hole 1: every waiting round held a task, without bound ====================================================
@@ -291,7 +256,7 @@ def test_an_aggregator_lying_about_the_next_round_number_does_not_stop_a_thresho
     it could open no round at all; since the twelfth session it also syncs again on every taken number."""
     import secagg_roc.stats as st
     from secagg_roc.deploy.aggregator_state import MAX_NUMBER_GAP
-    from test_attacks_site_agent import EvilAggregator, http
+    from test_attacks_site_agent import EvilAggregator
     from test_deploy_schemes import embedded
 
     cl = LocalCluster(tmp_path, make_data(4), n_aggregators=3, scheme="shamir", threshold=2, round_timeout_s=20.0,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,11 +20,12 @@ import secagg_roc.stats as sr
 from secagg_roc.deploy.http_protocol import pack_feed
 from secagg_roc.deploy.local_cluster import LocalCluster
 from secagg_roc.deploy.remote_study import RemoteStudy
-from secagg_roc.deploy.tls import peer_identity, server_ssl_context
+from secagg_roc.deploy.tls import peer_identity
 from secagg_roc.messages import ErrorReply
 from secagg_roc.queries.run import JOIN
 
 from deploy_client import make_query
+from fake_aggregator import FakeAggregator, http, read_request
 from test_deploy_schemes import embedded, make_data
 
 pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:NON-PRIVATE")]
@@ -34,48 +34,26 @@ SITES = ("site-a", "site-b", "site-c")
 Reply = Callable[[str, str, bytes], bytes | tuple[bytes, ...] | None]  # (method, path, body) -> raw reply, None: hang up
 
 
-def http(status: int, body: bytes = b"", *, headers: str | None = None) -> bytes:
-    head = headers if headers is not None else f"Content-Length: {len(body)}\r\n"
-    return f"HTTP/1.1 {status} X\r\n{head}\r\n".encode("latin-1") + body
-
-
 def empty_feed(method: str, path: str, body: bytes) -> bytes | None:
     """An aggregator with nothing to offer (and nothing else to say)."""
     return http(200, b"".join(pack_feed(0, []))) if path.startswith("/v1/feed") else None
 
 
-class EvilAggregator:
+class EvilAggregator(FakeAggregator):
     """A TLS server with an aggregator's real certificate, replying to sites with `self.reply` (run in a thread).
 
     Requests of any party but a site are hung up on (the analyst sees the aggregator as absent)."""
 
     def __init__(self, cluster: LocalCluster, name: str):
-        cfg = next(a for a in cluster.config.aggregators if a.name == name)
-        self.cfg, self.reply, self.slow, self.study_id = cfg, empty_feed, 0.3, cluster.config.study_id
+        self.reply, self.slow = empty_feed, 0.3
         self.analyst_reply: Reply | None = None  # None: hang up on the analyst (it sees agg-3 as absent)
-        self.ctx = server_ssl_context(cluster.config.ca_cert, cfg.cert, cfg.key)
-        self.requests: list[tuple[str, str]] = []
-        self.loop = asyncio.new_event_loop()
-        started = threading.Event()
-        self.thread = threading.Thread(target=self._run, args=(started,), daemon=True)
-        self.thread.start()
-        started.wait(10)
-
-    def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, self.cfg.host, self.cfg.port, ssl=self.ctx, reuse_address=True))
-        started.set()
-        self.loop.run_forever()
+        super().__init__(cluster, name)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             role = peer_identity(writer.get_extra_info("ssl_object"))[1]
             while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                method, path = head.decode("latin-1").split(" ")[:2]
-                length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
-                body = await reader.readexactly(length)
+                method, path, body = await read_request(reader)
                 self.requests.append((method, path))
                 if role == "site" and path == "/v1/info":  # what a site asks first after a failure
                     info = {"study": self.study_id, "aggregator": self.cfg.name, "next_number": 1, "open_rounds": 0}
@@ -97,20 +75,6 @@ class EvilAggregator:
             pass
         finally:
             writer.close()
-
-    def count(self, prefix: str) -> int:
-        return sum(1 for _, p in list(self.requests) if p.startswith(prefix))
-
-    def close(self) -> None:
-        async def stop() -> None:
-            self.server.close()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(5)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
 
 
 #: scheme -> (aggregators, threshold, the one the attacker holds)
