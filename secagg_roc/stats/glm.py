@@ -81,8 +81,9 @@ def precision(max_total: float, n_sites: int) -> int:
     """Fractional bits for a round whose totals stay below `max_total` over `n_sites` sites.
 
     Derived from public numbers only (bounds times the run's record count), so
-    the precision of a round never depends on the data; values beyond it are
-    clipped at the site.
+    the precision of a round never depends on the data; a site's values beyond
+    it wrap modulo the ring (`ring.FixedPoint` ``wrap``): the total stays exact
+    while it is in range, whatever one site's value.
     """
     headroom = math.ceil(math.log2(max(2, int(n_sites)))) + math.ceil(math.log2(max(2.0, float(max_total))))
     return int(max(0, min(32, 62 - headroom)))
