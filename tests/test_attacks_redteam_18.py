@@ -17,9 +17,14 @@ Holes found (each test failed before its fix):
    `ring.FixedPoint` (``wrap``), used by every site for every round: a value beyond the range is reduced
    modulo 2^64 (exactly, through fmod), never clipped nor refused. Summing is a ring homomorphism, so the
    total is now EXACT whenever the total is within range, whatever one site's value (the case above now gives
-   the pooled sum), and otherwise the total modulo the ring: a function of the total alone. Cost: none for
-   honest use (no honest total changed: values within the old per-site range encode as before, bit for bit,
-   and a total out of range was wrong before too); the test suites near the change pass unchanged.
+   the pooled sum), and otherwise the total modulo the ring: a function of the total alone. Cost: values
+   within the old per-site range encode as before, bit for bit. One honest fit relied on clipping: a GLM over
+   GBSG2's receptors times 1e5 (tests/test_glm.py), whose scaling round's total (2.8e17) is beyond the range
+   of its 8 fractional bits (3.6e16): clipped, it gave a wrong but usable scale; wrapped, garbage. So the
+   centring and scaling rounds also release coarse copies of their sums (times 2^-24, `queries.glm`
+   ``COARSE_SHIFT``: functions of the same totals, coarser), and the plan reads a total from its copy where
+   the fine one could have wrapped (`stats.glm.wrap_safe`, from released values only): that fit and a fit
+   over millisecond Unix times (below) match statsmodels.
 
 Attacks that held (asserted below):
 
@@ -93,6 +98,20 @@ def test_a_site_beyond_the_fixed_point_range_does_not_leave_the_total_of_the_oth
     # What a clipping site gave: the limit for each of h0 and h1, so h2's own sum, read off exactly.
     assert abs((released - 2 * limit) - sums["h2"]) > 1e6, "the analyst read one site's own total"
     assert released == pytest.approx(pooled, rel=1e-12)  # the pooled total, exactly as the policy allows
+
+
+def test_a_glm_over_a_covariate_beyond_the_rounds_ranges_still_fits():
+    import statsmodels.api as sm
+
+    data = _admissions()
+    rng = np.random.default_rng(0)
+    for d in data.values():  # cases more likely later on
+        d["y"] = (rng.random(d["y"].size) < 1 / (1 + np.exp(-(d["admitted"] - 1.70e12) / 2e10))).astype(int)
+    got = sr.fit_glm(sr.Study.local(data), "y", "admitted")
+    x = np.concatenate([d["admitted"] for d in data.values()])
+    y = np.concatenate([d["y"] for d in data.values()])
+    ref = sm.GLM(y, sm.add_constant(x), family=sm.families.Binomial()).fit()
+    np.testing.assert_allclose(got.coef, ref.params, rtol=1e-6)
 
 
 _SITE_VALUES = st.floats(min_value=-1e30, max_value=1e30, allow_nan=False, allow_infinity=False)

@@ -128,26 +128,39 @@ def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.nd
     return np.hstack([np.ones((X.shape[0], 1)), (X - center) / scale])
 
 
-@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float"})
+#: The scaling of the coarse copies of the centring and scaling rounds' sums (``*_coarse``): the same totals
+#: times 2^-COARSE_SHIFT, so that they stay within the ring 2^COARSE_SHIFT times longer. A site's value beyond
+#: the ring's range wraps (`ring.FixedPoint` ``wrap``: clipping it would let the others' total out), so the
+#: plan reads a total from its coarse copy where the fine one could have wrapped (`stats.glm.wrap_safe`).
+COARSE_SHIFT = 24
+
+
+@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float", "sum_coarse": "float",
+                                  "weight_coarse": "float"})
 def glm_means(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Column sums of the covariates (for centring), the row count and the sum of prior weights (for precision)."""
+    """Column sums of the covariates (for centring), the row count and the sum of prior weights (for precision),
+    and coarse copies of the sums (the same totals times 2^-COARSE_SHIFT)."""
     _, X, w, records = build_design(site, params)
-    return QueryResult({"sum": X.sum(axis=0), "rows": np.array([X.shape[0]]), "weight": np.array([w.sum()])},
+    sums, weight = X.sum(axis=0), np.array([w.sum()])
+    return QueryResult({"sum": sums, "rows": np.array([X.shape[0]]), "weight": weight,
+                        "sum_coarse": np.ldexp(sums, -COARSE_SHIFT), "weight_coarse": np.ldexp(weight, -COARSE_SHIFT)},
                        records=records)
 
 
-@site_query("glm.ssd", outputs={"ssd": "float"})
+@site_query("glm.ssd", outputs={"ssd": "float", "ssd_coarse": "float"})
 def glm_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Column sums of squared deviations from the public ``params["center"]`` (for scaling).
 
     Two passes (means, then deviations) keep the sums small where one pass of
-    sums of squares would not fit the fixed-point range (covariates near 1e6).
+    sums of squares would not fit the fixed-point range (covariates near 1e6); a
+    coarse copy (times 2^-COARSE_SHIFT) serves where even they would not.
     """
     _, X, _, records = build_design(site, params)
     center = np.asarray(params.get("center", []), dtype=float)
     if center.shape != (X.shape[1],):
         raise site.fail(f"center must be {X.shape[1]} numbers")
-    return QueryResult({"ssd": ((X - center) ** 2).sum(axis=0)}, records=records)
+    ssd = ((X - center) ** 2).sum(axis=0)
+    return QueryResult({"ssd": ssd, "ssd_coarse": np.ldexp(ssd, -COARSE_SHIFT)}, records=records)
 
 
 def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:

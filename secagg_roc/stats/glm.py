@@ -29,6 +29,7 @@ import numpy as np
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..queries.copies import column_copies
 from ..queries.design_rows import design_cells
+from ..queries.glm import COARSE_SHIFT
 from ..queries.groups import policy_pool, small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
@@ -55,6 +56,17 @@ INTERCEPT = "(Intercept)"
 #: Precision of the centring and scaling rounds (their totals need only be approximate).
 MEAN_FRAC_BITS = 16
 SSD_FRAC_BITS = 8
+
+
+def wrap_safe(totals: Any, key: str, frac_bits: int) -> np.ndarray:
+    """Total `key` of a centring or scaling round, from its coarse copy (``key + "_coarse"``, the same total
+    times 2^-COARSE_SHIFT) where the fine one could have wrapped the ring (sites wrap values beyond its range,
+    `ring.FixedPoint`): both are functions of the one total, so the choice depends on released values only.
+    Run by the Analyst and every Site's copy of the plan."""
+    fine = np.asarray(totals[key], dtype=float)
+    coarse = np.ldexp(np.asarray(totals[key + "_coarse"], dtype=float), COARSE_SHIFT)
+    # Beyond a quarter of the fine range (the coarse copy's error is a few 2^(COARSE_SHIFT - frac_bits)).
+    return np.where(np.abs(coarse) < 2.0 ** (61 - frac_bits), fine, coarse)
 
 
 def fit_query(newton: bool) -> str:
@@ -216,7 +228,7 @@ def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, G
     design = {"kind": "arrays", "y": args["y"], "X": cov_names, "weights": args["weights"]}
     sums = yield Step("glm.means", {"design": design}, frac_bits=MEAN_FRAC_BITS)
     rows = float(np.asarray(sums["rows"]).reshape(-1)[0])
-    weight = float(np.asarray(sums["weight"]).reshape(-1)[0])
+    weight = float(wrap_safe(sums, "weight", MEAN_FRAC_BITS).reshape(-1)[0])
     if rows <= 0:
         raise FitError("the contributing sites hold no records")
     n_coef = 1 + np.asarray(sums["sum"]).size
@@ -225,9 +237,9 @@ def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, G
         raise FitError(f"{n_coef} coefficients for {rows:.0f} records: more than {MAX_COEF_SHARE:.0%} of the "
                        "records, a saturated model could disclose individual records")
     if cov_names:
-        center = np.asarray(sums["sum"], dtype=float) / rows
+        center = wrap_safe(sums, "sum", MEAN_FRAC_BITS).reshape(-1) / rows
         ssd = yield Step("glm.ssd", {"design": design, "center": center}, frac_bits=SSD_FRAC_BITS)
-        scale = np.sqrt(np.maximum(np.asarray(ssd["ssd"], dtype=float), 0.0) / rows)
+        scale = np.sqrt(np.maximum(wrap_safe(ssd, "ssd", SSD_FRAC_BITS).reshape(-1), 0.0) / rows)
         coef_names = _coef_names(cov_names, center.size, args["names"])
         constant = np.nonzero(scale <= 1e-8 * np.maximum(1.0, np.abs(center)))[0]
         if constant.size:
