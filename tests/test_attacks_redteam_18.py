@@ -21,10 +21,11 @@ Holes found (each test failed before its fix):
    within the old per-site range encode as before, bit for bit. One honest fit relied on clipping: a GLM over
    GBSG2's receptors times 1e5 (tests/test_glm.py), whose scaling round's total (2.8e17) is beyond the range
    of its 8 fractional bits (3.6e16): clipped, it gave a wrong but usable scale; wrapped, garbage. So the
-   centring and scaling rounds also release coarse copies of their sums (times 2^-24, `queries.glm`
-   ``COARSE_SHIFT``: functions of the same totals, coarser), and the plan reads a total from its copy where
-   the fine one could have wrapped (`stats.glm.wrap_safe`, from released values only): that fit and a fit
-   over millisecond Unix times (below) match statsmodels.
+   centring and scaling rounds also release coarse copies of their sums (times 2^-24 and 2^-48,
+   `queries.glm.COARSE_SHIFTS`: functions of the same totals, coarser), and the plan reads each total from the
+   finest copy that cannot have wrapped (`stats.glm.wrap_safe`, from released values only): that fit and a fit
+   over millisecond Unix times (below) match statsmodels, and red team 7's age times 1e12 at one site
+   (tests/test_attacks_embedded.py) still gives a result.
 
 Attacks that held (asserted below):
 
@@ -53,7 +54,7 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import secagg_roc as sr
@@ -237,3 +238,19 @@ def test_every_variation_of_the_cached_score_release_replays_it_or_is_charged():
             _quiet(sr.roc_glm, study, "y", "p", **more_noise)
     assert len(seen) == 5  # no fresh draw left any site
     assert {s: study.ledger(s).spent().epsilon for s in study.sites} == spent
+
+
+@settings(max_examples=100, deadline=None)
+@given(total=st.floats(min_value=-1e30, max_value=1e30, allow_nan=False), frac_bits=st.sampled_from([8, 16]))
+def test_the_glm_plan_reads_each_total_from_a_copy_that_did_not_wrap(total, frac_bits):
+    from secagg_roc.queries.glm import COARSE_SHIFTS
+    from secagg_roc.stats.glm import wrap_safe
+
+    def released(x):  # a total as the analyst decodes it: rint(x 2^f) modulo the ring
+        return float(FixedPoint(frac_bits, 1, wrap=True).decode(FixedPoint(frac_bits, 1, wrap=True).encode(np.array([x])))[0])
+
+    assume(abs(total) < 2.0 ** (62 - frac_bits + max(COARSE_SHIFTS.values())))  # beyond, every copy wraps
+    totals = {"t": np.array([released(total)]),
+              **{"t" + s: np.array([released(np.ldexp(total, -shift))]) for s, shift in COARSE_SHIFTS.items()}}
+    got = float(wrap_safe(totals, "t", frac_bits)[0])
+    assert got == pytest.approx(total, rel=1e-6, abs=2.0 ** (max(COARSE_SHIFTS.values()) - frac_bits))

@@ -128,39 +128,43 @@ def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.nd
     return np.hstack([np.ones((X.shape[0], 1)), (X - center) / scale])
 
 
-#: The scaling of the coarse copies of the centring and scaling rounds' sums (``*_coarse``): the same totals
-#: times 2^-COARSE_SHIFT, so that they stay within the ring 2^COARSE_SHIFT times longer. A site's value beyond
-#: the ring's range wraps (`ring.FixedPoint` ``wrap``: clipping it would let the others' total out), so the
-#: plan reads a total from its coarse copy where the fine one could have wrapped (`stats.glm.wrap_safe`).
-COARSE_SHIFT = 24
+#: The coarse copies of the centring and scaling rounds' sums: suffix -> the same totals times 2^-shift, so that
+#: they stay within the ring 2^shift times longer. A site's value beyond the ring's range wraps
+#: (`ring.FixedPoint` ``wrap``: clipping it would let the others' total out), so the plan reads a total from
+#: the finest copy that cannot have wrapped (`stats.glm.wrap_safe`).
+COARSE_SHIFTS = {"_coarse": 24, "_coarser": 48}
 
 
-@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float", "sum_coarse": "float",
-                                  "weight_coarse": "float"})
+def _with_coarse(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = dict(values)
+    for key, v in values.items():
+        out.update({key + suffix: np.ldexp(v, -shift) for suffix, shift in COARSE_SHIFTS.items()})
+    return out
+
+
+@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float",
+                                  **{k + s: "float" for k in ("sum", "weight") for s in COARSE_SHIFTS}})
 def glm_means(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Column sums of the covariates (for centring), the row count and the sum of prior weights (for precision),
-    and coarse copies of the sums (the same totals times 2^-COARSE_SHIFT)."""
+    and coarse copies of the sums (`COARSE_SHIFTS`)."""
     _, X, w, records = build_design(site, params)
-    sums, weight = X.sum(axis=0), np.array([w.sum()])
-    return QueryResult({"sum": sums, "rows": np.array([X.shape[0]]), "weight": weight,
-                        "sum_coarse": np.ldexp(sums, -COARSE_SHIFT), "weight_coarse": np.ldexp(weight, -COARSE_SHIFT)},
+    return QueryResult({"rows": np.array([X.shape[0]]), **_with_coarse({"sum": X.sum(axis=0), "weight": np.array([w.sum()])})},
                        records=records)
 
 
-@site_query("glm.ssd", outputs={"ssd": "float", "ssd_coarse": "float"})
+@site_query("glm.ssd", outputs={"ssd": "float", **{"ssd" + s: "float" for s in COARSE_SHIFTS}})
 def glm_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Column sums of squared deviations from the public ``params["center"]`` (for scaling).
 
     Two passes (means, then deviations) keep the sums small where one pass of
     sums of squares would not fit the fixed-point range (covariates near 1e6); a
-    coarse copy (times 2^-COARSE_SHIFT) serves where even they would not.
+    coarse copy (`COARSE_SHIFTS`) serves where even they would not.
     """
     _, X, _, records = build_design(site, params)
     center = np.asarray(params.get("center", []), dtype=float)
     if center.shape != (X.shape[1],):
         raise site.fail(f"center must be {X.shape[1]} numbers")
-    ssd = ((X - center) ** 2).sum(axis=0)
-    return QueryResult({"ssd": ssd, "ssd_coarse": np.ldexp(ssd, -COARSE_SHIFT)}, records=records)
+    return QueryResult(_with_coarse({"ssd": ((X - center) ** 2).sum(axis=0)}), records=records)
 
 
 def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:

@@ -29,7 +29,7 @@ import numpy as np
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..queries.copies import column_copies
 from ..queries.design_rows import design_cells
-from ..queries.glm import COARSE_SHIFT
+from ..queries.glm import COARSE_SHIFTS
 from ..queries.groups import policy_pool, small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
@@ -59,14 +59,20 @@ SSD_FRAC_BITS = 8
 
 
 def wrap_safe(totals: Any, key: str, frac_bits: int) -> np.ndarray:
-    """Total `key` of a centring or scaling round, from its coarse copy (``key + "_coarse"``, the same total
-    times 2^-COARSE_SHIFT) where the fine one could have wrapped the ring (sites wrap values beyond its range,
-    `ring.FixedPoint`): both are functions of the one total, so the choice depends on released values only.
-    Run by the Analyst and every Site's copy of the plan."""
-    fine = np.asarray(totals[key], dtype=float)
-    coarse = np.ldexp(np.asarray(totals[key + "_coarse"], dtype=float), COARSE_SHIFT)
-    # Beyond a quarter of the fine range (the coarse copy's error is a few 2^(COARSE_SHIFT - frac_bits)).
-    return np.where(np.abs(coarse) < 2.0 ** (61 - frac_bits), fine, coarse)
+    """Total `key` of a centring or scaling round from the finest of its copies (``key`` and its coarse copies,
+    `queries.glm.COARSE_SHIFTS`) that cannot have wrapped the ring (sites wrap values beyond its range,
+    `ring.FixedPoint`): the next coarser copy says the total is within a quarter of this copy's range. All are
+    functions of the one total, so the choice depends on released values only. Run by the Analyst and every
+    Site's copy of the plan."""
+    copies = [(0, np.asarray(totals[key], dtype=float))] + [
+        (shift, np.ldexp(np.asarray(totals[key + suffix], dtype=float), shift))
+        for suffix, shift in sorted(COARSE_SHIFTS.items(), key=lambda item: item[1])]
+    value, trusted = copies[-1][1], np.ones(copies[-1][1].shape, dtype=bool)
+    for (shift, finer), (_, coarser) in zip(copies[-2::-1], copies[:0:-1]):
+        # (a finer copy only where the coarser one is itself trusted: a wrapped one may look small)
+        trusted &= np.abs(coarser) < 2.0 ** (61 - frac_bits + shift)
+        value = np.where(trusted, finer, value)
+    return value
 
 
 def fit_query(newton: bool) -> str:
