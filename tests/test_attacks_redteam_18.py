@@ -21,11 +21,14 @@ Holes found (each test failed before its fix):
    within the old per-site range encode as before, bit for bit. One honest fit relied on clipping: a GLM over
    GBSG2's receptors times 1e5 (tests/test_glm.py), whose scaling round's total (2.8e17) is beyond the range
    of its 8 fractional bits (3.6e16): clipped, it gave a wrong but usable scale; wrapped, garbage. So the
-   centring and scaling rounds also release coarse copies of their sums (times 2^-24 and 2^-48,
-   `queries.glm.COARSE_SHIFTS`: functions of the same totals, coarser), and the plan reads each total from the
-   finest copy that cannot have wrapped (`stats.glm.wrap_safe`, from released values only): that fit and a fit
-   over millisecond Unix times (below) match statsmodels, and red team 7's age times 1e12 at one site
-   (tests/test_attacks_embedded.py) still gives a result.
+   centring and scaling rounds also release a coarse copy of their sums (times 2^-48,
+   `queries.glm.COARSE_SHIFTS`), and the plan reads each total from the finest copy that cannot have wrapped
+   (`stats.glm.wrap_safe`, from released values only): that fit and a fit over millisecond Unix times (below)
+   match statsmodels, and age times 1e12 at one site (tests/test_attacks_embedded.py) still gives a result.
+   The copy is the only new release: each site rounds it on its own, so it and the fine total differ by the
+   sum of the sites' rounding residuals, which at 2^-48 is the total itself (every site's copy 0) for every
+   site sum below 2^31 (centring) or 2^39 (scaling), asserted below; a first try at 2^-24 rounded sums above
+   2^7, and its carries would have said a little of each site's sum beyond the total.
 
 Attacks that held (asserted below):
 
@@ -254,3 +257,16 @@ def test_the_glm_plan_reads_each_total_from_a_copy_that_did_not_wrap(total, frac
               **{"t" + s: np.array([released(np.ldexp(total, -shift))]) for s, shift in COARSE_SHIFTS.items()}}
     got = float(wrap_safe(totals, "t", frac_bits)[0])
     assert got == pytest.approx(total, rel=1e-6, abs=2.0 ** (max(COARSE_SHIFTS.values()) - frac_bits))
+
+
+def test_the_coarse_copies_say_nothing_of_ordinary_data():
+    """Every site's copy of an ordinary sum rounds to 0 (below 2^31 for centring, 2^39 for scaling: GBSG2's
+    largest column sum, of receptor values, is about 7.5e4), so the copies' total is 0 whatever the split."""
+    study = _study()
+    spy = Spy(study)
+    spy.attempt(sr.fit_glm, "y", ["age", "p"])
+    got = {q: t for run in spy.runs.values() for q, t in run}
+    assert np.all(np.asarray(got["glm.means"]["sum_coarse"]) == 0)
+    assert np.all(np.asarray(got["glm.means"]["weight_coarse"]) == 0)
+    assert np.all(np.asarray(got["glm.ssd"]["ssd_coarse"]) == 0)
+    assert float(np.asarray(got["glm.means"]["sum"]).reshape(-1)[0]) > 0

@@ -131,8 +131,13 @@ def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.nd
 #: The coarse copies of the centring and scaling rounds' sums: suffix -> the same totals times 2^-shift, so that
 #: they stay within the ring 2^shift times longer. A site's value beyond the ring's range wraps
 #: (`ring.FixedPoint` ``wrap``: clipping it would let the others' total out), so the plan reads a total from
-#: the finest copy that cannot have wrapped (`stats.glm.wrap_safe`).
-COARSE_SHIFTS = {"_coarse": 24, "_coarser": 48}
+#: the finest copy that cannot have wrapped (`stats.glm.wrap_safe`). One copy, and a coarse one: each site
+#: rounds its copy on its own, so a copy and the fine total differ by the sum of the sites' rounding residuals,
+#: a function of each site's sum beyond the total. At 2^-48 that residual is the whole sum (the copy is 0) at
+#: every site whose sum is below 2^31 (centring) or 2^39 (scaling): nothing more is said of ordinary data; of
+#: sums beyond, the carries (at most log2 of the sites' count in bits). A copy at 2^-24 said them of sums
+#: above 2^7 (red team 18).
+COARSE_SHIFTS = {"_coarse": 48}
 
 
 def _with_coarse(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
