@@ -4,7 +4,10 @@ Values are stored as two's-complement integers in ``uint64`` so that numpy's
 wrapping unsigned arithmetic *is* arithmetic mod 2^64. Floats are scaled by
 2^frac_bits and rounded; integers are stored unscaled and sum exactly. Encoding
 refuses any value that could wrap the ring once `max_sites` such values are
-summed, because a wrapped total decodes to a plausible but wrong number.
+summed, because a wrapped total decodes to a plausible but wrong number; a
+`wrap` codec (the sites' in a round) instead reduces every value modulo 2^64,
+so that the total is exact whenever it is in range and, when it is not, a
+function of the exact total alone (never of which site's value was large).
 """
 
 from __future__ import annotations
@@ -97,10 +100,19 @@ class FixedPoint:
     largest number of encoded values that will ever be summed, which sets the
     largest magnitude a single value may have. A `saturate` codec clips values
     beyond that range to it (``min(max(x, -limit), limit)``, NaN stays NaN and
-    is refused) instead of refusing them, chunk by chunk as it encodes.
+    is refused) instead of refusing them, chunk by chunk as it encodes. A `wrap`
+    codec neither refuses nor clips: it encodes ``rint(x 2^frac_bits) mod 2^64``
+    exactly (NaN refused, +-inf taken as +-max_float), so a sum of such values
+    decodes to the exact total while the TOTAL is within +-2^63 / 2^frac_bits,
+    whatever each summand was, and otherwise to that total modulo the ring:
+    a function of the total alone. Clipping each summand instead made a
+    summed release the total of the sites below the limit plus a known
+    constant per site above it: one site's own total, when all others
+    exceeded it (tests/test_attacks_redteam_18.py). The sites encode every
+    round this way (`site.Site.share`).
     """
 
-    def __init__(self, frac_bits: int = 32, max_sites: int = 64, *, saturate: bool = False):
+    def __init__(self, frac_bits: int = 32, max_sites: int = 64, *, saturate: bool = False, wrap: bool = False):
         if not 0 <= frac_bits <= 62:
             raise EncodingError(f"frac_bits must be in 0..62, got {frac_bits}")
         if max_sites < 1:
@@ -108,6 +120,9 @@ class FixedPoint:
         self.frac_bits = int(frac_bits)
         self.max_sites = int(max_sites)
         self.saturate = bool(saturate)
+        self.wrap = bool(wrap)
+        if self.saturate and self.wrap:
+            raise EncodingError("a codec saturates or wraps, not both")
         self.float_encoding = Encoding(self.frac_bits, False)
         # Largest |encoded value| such that max_sites of them cannot leave [-2^63, 2^63).
         self.max_encoded = (_HALF - 1) // self.max_sites
@@ -125,7 +140,8 @@ class FixedPoint:
         self._magic_limit = min(limit, float(2**51 - 1)) / self._scale
 
     def __repr__(self) -> str:
-        return f"FixedPoint(frac_bits={self.frac_bits}, max_sites={self.max_sites}{', saturate=True' if self.saturate else ''})"
+        mode = ", saturate=True" if self.saturate else ", wrap=True" if self.wrap else ""
+        return f"FixedPoint(frac_bits={self.frac_bits}, max_sites={self.max_sites}{mode})"
 
     def encoding_for(self, x: np.ndarray) -> Encoding:
         """The encoding `encode` uses for `x`: exact integers for integer/bool dtypes."""
@@ -170,6 +186,9 @@ class FixedPoint:
         return (encoding or self.float_encoding).decode(values)
 
     def _encode_int(self, x: np.ndarray, out: np.ndarray) -> None:
+        if self.wrap:  # two's complement: every integer dtype's value modulo 2^64
+            np.copyto(out, np.asarray(x).astype(np.uint64, casting="unsafe"), casting="unsafe")
+            return
         if self.saturate:  # clipped in the output itself: no temporary array
             target = out.view(np.int64)
             np.maximum(x, -self.max_int, out=target)
@@ -218,6 +237,11 @@ class FixedPoint:
                 if on_chunk is not None:
                     on_chunk(target.view(np.uint64))
                 continue
+            if self.wrap:
+                self._wrap_chunk(chunk, target)
+                if on_chunk is not None:
+                    on_chunk(target.view(np.uint64))
+                continue
             if self.saturate:  # while the chunk is in cache, not as whole-vector passes over memory
                 np.maximum(chunk, -self.max_float, out=shifted)
                 np.minimum(shifted, self.max_float, out=shifted)
@@ -241,6 +265,20 @@ class FixedPoint:
             if on_chunk is not None:
                 on_chunk(target.view(np.uint64))
 
+    def _wrap_chunk(self, chunk: np.ndarray, target: np.ndarray) -> None:
+        """``rint(chunk 2^frac_bits) mod 2^64`` into `target` (int64 view), exactly: x = k 2^(64-f) + r with
+        r = fmod(x, 2^(64-f)) (fmod is exact), so x 2^f = k 2^64 + r 2^f and rint(x 2^f) = rint(r 2^f) mod 2^64."""
+        if np.isnan(chunk).any():
+            raise EncodingError("cannot encode NaN: every value must be a finite number")
+        x = np.clip(chunk, -self.max_float, self.max_float) if np.isinf(chunk).any() else chunk
+        v = np.fmod(x, 2.0 ** (RING_BITS - self.frac_bits))
+        np.multiply(v, self._scale, out=v)
+        np.rint(v, out=v)
+        np.fmod(v, 2.0 ** RING_BITS, out=v)  # rint may reach 2^64 itself
+        v[v >= 2.0 ** (RING_BITS - 1)] -= 2.0 ** RING_BITS
+        v[v < -(2.0 ** (RING_BITS - 1))] += 2.0 ** RING_BITS
+        np.copyto(target, v, casting="unsafe")
+
     def _raise_float(self, chunk: np.ndarray) -> None:
         bad = float(chunk[~(np.abs(chunk) <= self.max_float)][0])
         if np.isnan(bad):
@@ -257,9 +295,9 @@ class FixedPoint:
 
 
 @functools.lru_cache(maxsize=64)
-def shared_codec(frac_bits: int, max_sites: int, saturate: bool) -> FixedPoint:
-    """The process's one `FixedPoint(frac_bits, max_sites, saturate=saturate)`: a codec is never changed
+def shared_codec(frac_bits: int, max_sites: int, saturate: bool, wrap: bool = False) -> FixedPoint:
+    """The process's one `FixedPoint(frac_bits, max_sites, saturate=saturate, wrap=wrap)`: a codec is never changed
     after it is made, so every site of a process may encode with the same one (an embedded study makes
     five sites per task, and each derived its codec's range limits again). Its shares then carry the very
     same `Encoding` object, which the aggregators' agreement check compares by identity first."""
-    return FixedPoint(frac_bits, max_sites, saturate=saturate)
+    return FixedPoint(frac_bits, max_sites, saturate=saturate, wrap=wrap)

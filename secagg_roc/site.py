@@ -297,7 +297,7 @@ class Site(NoisyReleases):
             data = self.data.with_context(step.context, partial(derived, step))
             _, result = run_site_query(data, step.query, step.params, canonical=True)
             values, records = result.values, result.records
-        shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, saturate=True)
+        shares = self.share(query, values, records, seeds=seeds, kinds=spec.outputs, wrap=True)
         return shares, entries
 
     def share(
@@ -308,21 +308,24 @@ class Site(NoisyReleases):
         *,
         seeds: Mapping[int, bytes] | None = None,
         kinds: Mapping[str, str] | None = None,
-        saturate: bool = False,
+        wrap: bool = False,
     ) -> list[InputShare]:
         """Encode and split `values` (the output of `query`) into one share per aggregator.
 
         The split's seeds come from the operating system unless `seeds` is given
         (aggregator index -> seed, every index but the holder's): a restarted
         deployed site passes the seeds it logged to re-create identical shares.
-        With `saturate`, values beyond the fixed-point range are clipped to it
-        instead of refused, so that whether a round succeeds never depends on
-        the data (the plan chose a precision that fits public bounds)."""
+        With `wrap`, values beyond the fixed-point range are reduced modulo the
+        ring instead of refused, so that whether a round succeeds never depends
+        on the data (the plan chose a precision that fits public bounds), and
+        the total is exact while it is in range and a function of the total
+        alone when it is not. (Clipping them instead made the total that of the
+        other sites plus a known constant: red team 18.)"""
         layout, flat = flatten(values, kinds)
-        codec = self._codecs.get((query.frac_bits, saturate))
+        codec = self._codecs.get((query.frac_bits, wrap))
         if codec is None:  # one per precision: a codec derives its range limits when it is made
-            codec = shared_codec(query.frac_bits, self.n_sites, saturate)
-            self._codecs[(query.frac_bits, saturate)] = codec
+            codec = shared_codec(query.frac_bits, self.n_sites, False, wrap)
+            self._codecs[(query.frac_bits, wrap)] = codec
         encoding = codec.encoding_for(flat)
         try:
             if self.buffers is not None:

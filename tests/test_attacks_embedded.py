@@ -228,8 +228,10 @@ def test_refusals_depend_on_the_policy_and_the_request_never_on_the_data(attack)
     assert _refusal(_study(small), attack) == _refusal(_study(big), attack)
 
 
-def test_huge_values_are_clipped_not_refused():
-    # An overflow refusal would say "this site's sum is large": values beyond the range are clipped instead.
+def test_huge_values_are_wrapped_not_refused():
+    # An overflow refusal would say "this site's sum is large": values beyond the range wrap modulo the ring
+    # instead (clipped, they left the other sites' total: tests/test_attacks_redteam_18.py), and the GLM's
+    # centring and scaling rounds read each total from a copy coarse enough not to have wrapped.
     data = _data()
     data["h2"]["age"] = data["h2"]["age"] * 1e12
     with warnings.catch_warnings():

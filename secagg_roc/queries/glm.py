@@ -128,26 +128,48 @@ def _standardize(site: SiteData, X: np.ndarray, params: dict[str, Any]) -> np.nd
     return np.hstack([np.ones((X.shape[0], 1)), (X - center) / scale])
 
 
-@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float"})
+#: The coarse copies of the centring and scaling rounds' sums: suffix -> the same totals times 2^-shift, so that
+#: they stay within the ring 2^shift times longer. A site's value beyond the ring's range wraps
+#: (`ring.FixedPoint` ``wrap``: clipping it would let the others' total out), so the plan reads a total from
+#: the finest copy that cannot have wrapped (`stats.glm.wrap_safe`). One copy, and a coarse one: each site
+#: rounds its copy on its own, so a copy and the fine total differ by the sum of the sites' rounding residuals,
+#: a function of each site's sum beyond the total. At 2^-48 that residual is the whole sum (the copy is 0) at
+#: every site whose sum is below 2^31 (centring) or 2^39 (scaling): nothing more is said of ordinary data; of
+#: sums beyond, the carries (at most log2 of the sites' count in bits). A copy at 2^-24 said them of sums
+#: above 2^7 (red team 18).
+COARSE_SHIFTS = {"_coarse": 48}
+
+
+def _with_coarse(values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out = dict(values)
+    for key, v in values.items():
+        out.update({key + suffix: np.ldexp(v, -shift) for suffix, shift in COARSE_SHIFTS.items()})
+    return out
+
+
+@site_query("glm.means", outputs={"sum": "float", "rows": "int", "weight": "float",
+                                  **{k + s: "float" for k in ("sum", "weight") for s in COARSE_SHIFTS}})
 def glm_means(site: SiteData, params: dict[str, Any]) -> QueryResult:
-    """Column sums of the covariates (for centring), the row count and the sum of prior weights (for precision)."""
+    """Column sums of the covariates (for centring), the row count and the sum of prior weights (for precision),
+    and coarse copies of the sums (`COARSE_SHIFTS`)."""
     _, X, w, records = build_design(site, params)
-    return QueryResult({"sum": X.sum(axis=0), "rows": np.array([X.shape[0]]), "weight": np.array([w.sum()])},
+    return QueryResult({"rows": np.array([X.shape[0]]), **_with_coarse({"sum": X.sum(axis=0), "weight": np.array([w.sum()])})},
                        records=records)
 
 
-@site_query("glm.ssd", outputs={"ssd": "float"})
+@site_query("glm.ssd", outputs={"ssd": "float", **{"ssd" + s: "float" for s in COARSE_SHIFTS}})
 def glm_ssd(site: SiteData, params: dict[str, Any]) -> QueryResult:
     """Column sums of squared deviations from the public ``params["center"]`` (for scaling).
 
     Two passes (means, then deviations) keep the sums small where one pass of
-    sums of squares would not fit the fixed-point range (covariates near 1e6).
+    sums of squares would not fit the fixed-point range (covariates near 1e6); a
+    coarse copy (`COARSE_SHIFTS`) serves where even they would not.
     """
     _, X, _, records = build_design(site, params)
     center = np.asarray(params.get("center", []), dtype=float)
     if center.shape != (X.shape[1],):
         raise site.fail(f"center must be {X.shape[1]} numbers")
-    return QueryResult({"ssd": ((X - center) ** 2).sum(axis=0)}, records=records)
+    return QueryResult(_with_coarse({"ssd": ((X - center) ** 2).sum(axis=0)}), records=records)
 
 
 def _at_beta(site: SiteData, params: dict[str, Any]) -> tuple:

@@ -130,7 +130,7 @@ def _brier_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 #: The largest prior weight a weighted Brier score takes: the fixed-point precision is set for it, so larger
-#: weights would saturate the sums silently; a site holding one does not join (its operator rescales them).
+#: weights could take the sums out of it (they would wrap, silently); a site holding one does not join (its operator rescales them).
 MAX_WEIGHT = 1e4
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from ..plans import PlanContext, Step, plan, run_analysis
 from ..queries.copies import column_copies
 from ..queries.design_rows import design_cells
+from ..queries.glm import COARSE_SHIFTS
 from ..queries.groups import policy_pool, small_groups
 from ..policy import Policy
 from .families import check_family, fisher_parts
@@ -57,6 +58,23 @@ MEAN_FRAC_BITS = 16
 SSD_FRAC_BITS = 8
 
 
+def wrap_safe(totals: Any, key: str, frac_bits: int) -> np.ndarray:
+    """Total `key` of a centring or scaling round from the finest of its copies (``key`` and its coarse copies,
+    `queries.glm.COARSE_SHIFTS`) that cannot have wrapped the ring (sites wrap values beyond its range,
+    `ring.FixedPoint`): the next coarser copy says the total is within a quarter of this copy's range. All are
+    functions of the one total, so the choice depends on released values only. Run by the Analyst and every
+    Site's copy of the plan."""
+    copies = [(0, np.asarray(totals[key], dtype=float))] + [
+        (shift, np.ldexp(np.asarray(totals[key + suffix], dtype=float), shift))
+        for suffix, shift in sorted(COARSE_SHIFTS.items(), key=lambda item: item[1])]
+    value, trusted = copies[-1][1], np.ones(copies[-1][1].shape, dtype=bool)
+    for (shift, finer), (_, coarser) in zip(copies[-2::-1], copies[:0:-1]):
+        # (a finer copy only where the coarser one is itself trusted: a wrapped one may look small)
+        trusted &= np.abs(coarser) < 2.0 ** (61 - frac_bits + shift)
+        value = np.where(trusted, finer, value)
+    return value
+
+
 def fit_query(newton: bool) -> str:
     """The site query of a fit's rounds: the observed information too (``glm.newton``) or not (``glm.fisher``)."""
     return "glm.newton" if newton else "glm.fisher"
@@ -81,8 +99,9 @@ def precision(max_total: float, n_sites: int) -> int:
     """Fractional bits for a round whose totals stay below `max_total` over `n_sites` sites.
 
     Derived from public numbers only (bounds times the run's record count), so
-    the precision of a round never depends on the data; values beyond it are
-    clipped at the site.
+    the precision of a round never depends on the data; a site's values beyond
+    it wrap modulo the ring (`ring.FixedPoint` ``wrap``): the total stays exact
+    while it is in range, whatever one site's value.
     """
     headroom = math.ceil(math.log2(max(2, int(n_sites)))) + math.ceil(math.log2(max(2.0, float(max_total))))
     return int(max(0, min(32, 62 - headroom)))
@@ -215,7 +234,7 @@ def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, G
     design = {"kind": "arrays", "y": args["y"], "X": cov_names, "weights": args["weights"]}
     sums = yield Step("glm.means", {"design": design}, frac_bits=MEAN_FRAC_BITS)
     rows = float(np.asarray(sums["rows"]).reshape(-1)[0])
-    weight = float(np.asarray(sums["weight"]).reshape(-1)[0])
+    weight = float(wrap_safe(sums, "weight", MEAN_FRAC_BITS).reshape(-1)[0])
     if rows <= 0:
         raise FitError("the contributing sites hold no records")
     n_coef = 1 + np.asarray(sums["sum"]).size
@@ -224,9 +243,9 @@ def glm_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, G
         raise FitError(f"{n_coef} coefficients for {rows:.0f} records: more than {MAX_COEF_SHARE:.0%} of the "
                        "records, a saturated model could disclose individual records")
     if cov_names:
-        center = np.asarray(sums["sum"], dtype=float) / rows
+        center = wrap_safe(sums, "sum", MEAN_FRAC_BITS).reshape(-1) / rows
         ssd = yield Step("glm.ssd", {"design": design, "center": center}, frac_bits=SSD_FRAC_BITS)
-        scale = np.sqrt(np.maximum(np.asarray(ssd["ssd"], dtype=float), 0.0) / rows)
+        scale = np.sqrt(np.maximum(wrap_safe(ssd, "ssd", SSD_FRAC_BITS).reshape(-1), 0.0) / rows)
         coef_names = _coef_names(cov_names, center.size, args["names"])
         constant = np.nonzero(scale <= 1e-8 * np.maximum(1.0, np.abs(center)))[0]
         if constant.size:

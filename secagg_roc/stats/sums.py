@@ -6,8 +6,11 @@ counts records of its values) takes part only where each of its values has
 none or at least ``min_cell_count`` records at each site (`queries.groups`); a policy lists ``sum`` only where the
 totals of its arrays may be released (e.g. for aggregate counts, or for
 benchmarking the secure sum on real processes). Values are summed at the
-study's precision (32 fractional bits); a site clips any value beyond the
-fixed-point range rather than refusing (a refusal would depend on the data).
+study's precision (32 fractional bits); a site reduces any value beyond the
+fixed-point range modulo the ring rather than refusing (a refusal would depend
+on the data) or clipping it (a clipped site's total is a known constant, so the
+release would be the total of the others: red team 18): the total is exact while
+it is in range, and a function of the total alone when it is not.
 """
 
 from __future__ import annotations
