@@ -19,6 +19,8 @@ What the policy fixes:
 * differential privacy (`DPPolicy`): the mechanism, the per-release
   (epsilon, delta) -- an analyst may ask for more noise, never less -- the
   l2-sensitivity, and each site's total budget with its composition rule;
+* how a DP ROC-GLM is fitted (``rocglm_fit``): to its DP release alone (the
+  default) or by the paper's exact rounds over the sites' scores;
 * whether a run may start without every site (``allow_dropouts``) and whether
   the non-private validation mode is allowed at all (``allow_non_private``).
 """

@@ -33,9 +33,13 @@ Example (every key of the schema; the ones marked optional show their default)::
     privacy_level = 5               # optional: q, the fewest records a release may cover
     min_sites = 2                   # optional: the fewest sites a release may cover (>= 2)
     frac_bits = 32                  # optional: fixed-point fraction bits in Z_2^64
-    round_timeout_s = 300.0         # optional: an open round is abandoned after this
+    round_timeout_s = 300.0         # optional: how long a round waits for its sites (abandoned after twice this)
     max_body_bytes = 67108864       # optional: largest request an aggregator accepts
     max_open_rounds = 16            # optional: rounds an aggregator keeps open at once
+    handshake_timeout_s = 5.0       # optional: an unfinished TLS handshake is dropped after this
+    max_handshakes_per_address = 32 # optional: unfinished TLS handshakes from one address at once
+    scheme = "additive"             # optional: or "shamir", "replicated", "pairwise"
+    # threshold = 2                 # optional, with "shamir" or "pairwise" only (default: a majority)
 
     [[aggregators]]
     name = "agg-1"
@@ -75,13 +79,14 @@ Example (every key of the schema; the ones marked optional show their default)::
     min_cell_count = 5              # optional (default: q): fewest records in a released table cell, a label class or a GLM group at a site
     allow_dropouts = false          # optional: may a run start without every site?
     allow_non_private = false       # optional: may the exact-score validation mode run at all?
-    analyses = ["glm", "rocglm", "brier", "calibration"]   # optional (this is the default)
+    analyses = ["glm", "rocglm", "brier", "calibration"]   # optional (default: these, score_histogram, secure_auc)
     score_range = [0.0, 1.0]        # optional: public score range; scores outside it are clipped
     calibration_bins = 10          # optional: the calibration curve's fixed bins
     calibration_strategy = "uniform" # optional: or "quantile" (equal-count bins from the scores' DP release)
     rocglm_thresholds = 30          # optional: the ROC-GLM's fixed threshold grid
     rocglm_fit = "released"         # optional: a DP ROC-GLM fitted to the DP release alone, or "exact" (the paper's rounds)
     sensitivity_resolution = 0.0001 # optional: grid of the l2-sensitivity estimate
+    histogram_bins = 1000           # optional: the score histograms' grid
 
     [policy.roles]                  # optional; omitted = any array in any role (one role per analysis)
     label = ["y"]

@@ -7,7 +7,8 @@ transport failures, and returns as soon as every aggregator answered, or
 refuses connections (`down`: its process is not running, so waiting is no
 use); the aggregators still silent then, and those that kept failing, are
 reported as absent (`grace` may depend on the answers so far: a site fetching
-a join over fewer than all sites waits longer, `site_fetch`). An error reply (a refusal)
+a join over fewer than all sites waits longer, and not less for aggregators that
+refuse connections, `site_fetch`). An error reply (a refusal)
 is raised as soon as so many aggregators refused that `need` can no longer
 answer (or, at the end, when fewer than `need` answered); from fewer, it
 counts as that aggregator's absence, so one lying aggregator cannot end a

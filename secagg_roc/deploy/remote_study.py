@@ -261,8 +261,8 @@ class RemoteStudy(Study):
         """`call` on every aggregator at once, each retried on transport failures until `deadline`.
 
         Under a threshold scheme, on the aggregators not found absent earlier in the run only, going on
-        `grace` seconds after `threshold` of them answered (`quorum.gather_quorum`); the rest count as
-        absent until the next run's join."""
+        `grace` seconds after `threshold` of them answered, or at once when every one still silent refuses
+        connections (`quorum.gather_quorum`); the rest count as absent until the next run's join."""
         loop_deadline = asyncio.get_running_loop().time() + (deadline - time.monotonic())
         results, self._absent = await call_every(self.clients, call, threshold=self.scheme.threshold,
                                                  absent=self._absent, loop_deadline=loop_deadline, grace=grace,

@@ -18,7 +18,7 @@ honest round's wait is short). Aggregators with the analyst that are as many as
 a round needs offers (Shamir's threshold) could otherwise offer any number of
 rounds that wait for a release they never send, each a task held for
 (ABANDON_FACTOR + 1) round timeouts (red team 15: 20,000 such rounds grew a site
-agent by 80 MiB). A round beyond the limit is not answered (a warning line), as
+agent by 80 MiB). A round beyond the limit is not answered (a warning line per 1,000), as
 a round offered by too few aggregators is not: it costs that round, not memory.
 """
 

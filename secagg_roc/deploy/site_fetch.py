@@ -21,8 +21,9 @@ count as that aggregator's absence, never as the end of the round:
   (`NoRelease`).
 
 Under a threshold scheme the site goes on `RELEASE_GRACE_S` after the t-th
-share (at once if every aggregator still silent refuses connections), except for a run's join whose shares so far name a contributor set
-without every site of the study: that one is taken in only from every
+share (at once if every aggregator still silent refuses connections), except
+for a run's join whose shares so far name a contributor set without every
+site of the study: that one is taken in only from every
 aggregator (`plans.site_runs.SiteRuns.on_join_release`), so the site waits
 for the others' shares up to `join_wait` (a round timeout: the analyst closes
 the join everywhere within its round, and the run's next step must still find
@@ -104,8 +105,8 @@ async def fetch_release(clients: list[AggregatorClient], query: Query, *, need: 
                         join_wait: float = RELEASE_GRACE_S) -> list[Message]:
     """Every aggregator's share of `query`'s release (`need` of them under a threshold scheme), each read
     within `limit` bytes, until `give_up` on the loop's clock. Under a threshold scheme the others are waited
-    for `RELEASE_GRACE_S` after the `need`-th share, or `join_wait` for a join whose shares name a set without
-    some of the study's `sites`. `TransportError`/`TooFewAggregators`: gave up for now (try again later);
+    for `RELEASE_GRACE_S` after the `need`-th share (not at all once every one still silent refuses
+    connections), or `join_wait` for a join whose shares name a set without some of the study's `sites`. `TransportError`/`TooFewAggregators`: gave up for now (try again later);
     `NoRelease` or another `SecAggError`: the round brings this site no release."""
     number = query.round_id.number
     request = StatusRequest(query.round_id)

@@ -118,7 +118,7 @@ def release_grid(sigma: float, lower: float | None, upper: float | None) -> floa
     times a layer width, times sigma, plus x), so the set of values a release
     can take depends on x below the float's resolution -- the floating-point
     attack on DP mechanisms (Mironov 2012; Jin et al. 2022). Rounding to a grid
-    2^24 times coarser than the largest float spacing in the range makes each
+    2^28 times coarser than any float spacing in the range makes each
     grid cell's probability that of the exact Gaussian up to ~2^-28 of a cell,
     so the release is the exact mechanism followed by rounding (post-processing)
     up to a total variation of ~1e-8 per value, while the rounding (at most

@@ -323,6 +323,7 @@ def roc_glm(
     grid points) and `score_range` are the policy's; they may be given only
     to state them. `ties` places a positive tied with negatives: "half"
     (default, as the empirical AUC) or "strict" (the paper's); the result says which.
+    How a DP run is fitted is the policy's ``rocglm_fit`` (by default to the DP release alone).
     """
     args = {"label": label, "score": score, "epsilon": epsilon, "delta": delta, "mechanism": mechanism,
             "l2_sensitivity": None if l2_sensitivity is None else float(l2_sensitivity),

@@ -5,7 +5,10 @@ reference (`pooled.rocglm_frame`) and `released_start`, so all three build
 the same rows from the same placement values.
 
 `released_start` (run by the Analyst and by each Site, in their copies of
-the plan): the ROC-GLM fitted to the released samples alone. The sites'
+the plan, where the exact rounds run: under ``rocglm_fit = "exact"`` and in
+non-private mode; by default a DP run's fit is the analyst's to the release
+alone, `rocglm._fit_to_release`): the ROC-GLM fitted to the released samples
+alone. The sites'
 rows differ only in using their own positives' exact scores where the
 release has noisy ones (and in non-private mode not at all), so Newton's
 method from there needs a few rounds instead of Fisher scoring's ~11 from
