@@ -67,25 +67,46 @@ def test_the_grace_ends_once_every_silent_aggregator_refuses_connections() -> No
     assert sorted(got) == [0, 1] and absent == {2} and 0.35 <= took < 5.0
 
 
-def test_a_refused_connection_marks_the_aggregator_down_until_one_succeeds() -> None:
+def test_a_client_marks_an_aggregator_down_while_its_latest_connection_attempt_was_refused() -> None:
     import socket
 
     from secagg_roc.deploy.config_schema import AggregatorConfig
-    from secagg_roc.deploy.http_bulk import BulkConnections
-    from secagg_roc.deploy.http_protocol import TransportError
+    from secagg_roc.deploy.http import AggregatorClient
+    from secagg_roc.deploy.tls_errors import refused
+    from secagg_roc.errors import SecAggError
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     listener.close()  # nothing listens there now: a connection is refused
-    with pytest.raises(ConnectionRefusedError) as refused:
-        socket.create_connection(("127.0.0.1", port), timeout=5.0)
     config = AggregatorConfig(name="agg-1", host="127.0.0.1", port=port, cert=Path("c.pem"), key=Path("k.pem"),
                               database=Path("agg.sqlite"))
-    bulk = BulkConnections(config, "study", ssl.create_default_context(), max_response_bytes=1, connect_timeout=1.0)
-    assert not bulk.down
-    assert isinstance(bulk.connect_error(refused.value), TransportError) and bulk.down
-    assert isinstance(bulk.connect_error(TimeoutError()), TransportError) and not bulk.down  # maybe just slow
+
+    async def attempt() -> bool:
+        client = AggregatorClient(config, "study", ssl.create_default_context(), connect_timeout=2.0)
+        try:
+            assert not client.down
+            with pytest.raises(SecAggError):
+                await client.info()
+            return client.down
+        finally:
+            await client.close()
+
+    assert asyncio.run(attempt())
+    # Something listens again (here no aggregator: the TLS handshake fails): the latest attempt was not refused.
+    server = socket.socket()
+    server.bind(("127.0.0.1", port))
+    server.listen()
+    try:
+        assert not asyncio.run(attempt())
+    finally:
+        server.close()
+    # Python 3.11 joins the errors of a host's several addresses into one plain OSError.
+    both = OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 1, 0, 0), "
+                   "[Errno 111] Connect call failed ('127.0.0.1', 1)")
+    one = OSError("Multiple exceptions: [Errno 111] Connect call failed ('::1', 1, 0, 0), "
+                  "[Errno 110] Connect call failed ('127.0.0.1', 1)")
+    assert refused(both) and not refused(one) and refused(ConnectionRefusedError()) and not refused(TimeoutError())
 
 
 class _Aggregator:

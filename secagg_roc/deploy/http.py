@@ -32,6 +32,7 @@ from ..buffers import RecyclingPool
 from ..messages import ErrorReply, Message, decode
 from .config_schema import AggregatorConfig
 from .http_bulk import BulkConnections, is_tls_alert
+from .tls_errors import refused
 from .http_protocol import (
     FEED_TYPE,
     FRAMES_TYPE,
@@ -120,6 +121,10 @@ class AggregatorClient:
         self.max_response_bytes = max_response_bytes
         self.connect_timeout = connect_timeout
         self._idle: list[_Connection] = []
+        #: The latest connection attempt, if it has ended, was refused: no process listens there, so a quorum
+        #: that answered need not wait for it (`quorum.gather_quorum`). Cleared as each attempt starts: an
+        #: aggregator restarting is waited for while it may yet answer.
+        self.down = False
         self._replies = RecyclingPool(max_buffers=4)  # large replies (a round's aggregate share)
         # Blocking connections for bulk requests (used from worker threads).
         self._bulk = BulkConnections(config, study_id, ssl_context, max_response_bytes=max_response_bytes,
@@ -129,13 +134,9 @@ class AggregatorClient:
     def __repr__(self) -> str:
         return f"AggregatorClient({self.name!r}, {self.config.url})"
 
-    @property
-    def down(self) -> bool:
-        """Whether the latest connection attempt to this aggregator was refused (its process is not running):
-        a quorum that answered need not wait for it (`quorum.gather_quorum`)."""
-        return self._bulk.down
 
     async def _connect(self) -> _Connection:
+        self.down = False
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_connection(
@@ -148,6 +149,7 @@ class AggregatorClient:
                 self.connect_timeout,
             )
         except (OSError, asyncio.TimeoutError, ssl.SSLError) as exc:
+            self.down = refused(exc)
             raise self._bulk.connect_error(exc) from None
         try:
             self._bulk.check_peer(writer.get_extra_info("ssl_object"))

@@ -10,7 +10,6 @@ loop keeps serving meanwhile.
 
 from __future__ import annotations
 
-import errno
 import http.client
 import socket
 import ssl
@@ -79,8 +78,6 @@ class BulkConnections:
         self.ssl_context = ssl_context
         self.max_response_bytes = max_response_bytes
         self.connect_timeout = connect_timeout
-        #: The latest connection attempt was refused: no process listens there (set by either path's connect).
-        self.down = False
         self._lock = threading.Lock()
         self._idle: list[BlockingConnection] = []
         self._busy: set[BlockingConnection] = set()
@@ -88,7 +85,6 @@ class BulkConnections:
     def check_peer(self, ssl_object) -> None:
         """The aggregator's study, role and name from its certificate, and that it is not revoked
         (run by the client on every new connection, before a byte of a request); `AuthError` if not."""
-        self.down = False
         try:
             authorize(peer_identity(ssl_object), self.study_id, {"aggregator"}, {self.name})
         except AuthError as exc:
@@ -102,7 +98,6 @@ class BulkConnections:
         """The error for a failed connection to the aggregator: `AuthError` with its fix for TLS
         problems (they do not go away by retrying), `TransportError` (retried) for the rest."""
         who = f"aggregator {self.name!r} at {self.config.url}"
-        self.down = isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED
         hint = explain_client(exc, who, self.ca_file)
         if hint is not None:
             return AuthError(hint)

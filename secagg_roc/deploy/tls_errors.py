@@ -10,6 +10,7 @@ hints name the file to look at (``ca.pem``, the party's ``cert.pem`` and
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import ssl
@@ -17,11 +18,20 @@ import threading
 import time
 from typing import Any
 
-__all__ = ["explain_client", "explain_server", "explain_key_pair", "log_failed_handshakes"]
+__all__ = ["explain_client", "explain_server", "explain_key_pair", "log_failed_handshakes", "refused"]
 
 # OpenSSL's X509_V_ERR_* codes (x509_vfy.h) that a study's parties meet.
 _UNTRUSTED = {2, 18, 19, 20, 21}  # no issuer, self-signed, self-signed in chain, local issuer, unable to verify leaf
 _EXPIRED, _NOT_YET_VALID, _REVOKED, _HOSTNAME = 10, 9, 23, 62
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether a failed connection attempt was refused, at every address of the host (Python 3.11's asyncio
+    joins the errors of several addresses into one plain `OSError`)."""
+    if isinstance(exc, ConnectionRefusedError) or getattr(exc, "errno", None) == errno.ECONNREFUSED:
+        return True
+    text = str(exc)
+    return text.startswith("Multiple exceptions:") and text.count("[Errno") == text.count(f"[Errno {errno.ECONNREFUSED}]")
 
 
 def _reason(exc: BaseException) -> str:

@@ -10,10 +10,21 @@ of the fixed-point codec, nothing narrower. Any t-1 aggregators see field
 elements that are uniform and independent of the input; up to n-t may be down
 or drop out mid-round. When more than t aggregators answer, the extra sums
 must lie on the same polynomials: a mismatch raises `TamperError`.
+
+The Analyst interpolates the two limb sums themselves, not only the total
+they make: bare limbs would tell it, for every element, how many sites' low
+limbs carried and how many sites' values were negative (their high limbs
+are near 2^32), beyond the total. So a Site masks its limbs
+(`carry_masks`): lo + 2^32 m and hi - m + 2^32 u, which leave lo + 2^32 hi
+unchanged mod 2^64, with m and u uniform over 2^s values, s as large as the
+K sites' limb sums allow below p. The limb sums the Analyst sees then hide
+the carries and the count of negative values up to a statistical distance
+of K / 2^s per element (s = 28 - ceil(log2 K): 2^-20.7 for K = 10).
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,6 +39,24 @@ _32 = np.uint64(32)
 _LOW = np.uint64(0xFFFFFFFF)
 #: Limb sums of this many sites stay below p, so reconstruction is exact.
 MAX_SITES = (field.P - 1) // 0xFFFFFFFF
+#: Masked limbs are below 2^32 (2^s + 1); K of them sum below p while K (2^s + 1) <= 2^29 - 1.
+_MASK_ROOM_BITS = 28
+
+
+def carry_mask_bits(summands: int) -> int:
+    """The bits s of the carry masks when `summands` sites' limbs are summed (0: no room, no masks)."""
+    return max(0, _MASK_ROOM_BITS - max(0, int(summands) - 1).bit_length())
+
+
+def carry_masks(seed: bytes, size: int, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Run by a Site: (m, u) for `size` ring elements, m uniform in [0, 2^bits) and u in [1, 2^bits], from a
+    keystream of `seed` kept apart from the coefficients' (a re-created split re-creates its masks too)."""
+    stream = prg.expand(hashlib.sha256(b"secagg-roc shamir carry masks" + bytes(seed)).digest()[:prg.SEED_BYTES],
+                        2 * size)
+    np.bitwise_and(stream, np.uint64((1 << bits) - 1), out=stream)
+    m, u = stream[:size], stream[size:]
+    u += np.uint64(1)
+    return m, u
 
 
 class ShamirSharing(SharingScheme):
@@ -74,7 +103,10 @@ class ShamirSharing(SharingScheme):
                    "a run names its contributor set in every round after its join, checked by every site and "
                    "aggregator, so no two quorums release one run over different sets",
                    "random coefficients are 61 keystream bits with p folded onto 0: statistical distance "
-                   "below 2^-61 per element from uniform"),
+                   "below 2^-61 per element from uniform",
+                   "the analyst interpolates both limb sums; each site masks its limbs so that they hide how many "
+                   "sites' values carried or were negative, up to a statistical distance of K / 2^(28 - "
+                   "ceil(log2 K)) per element"),
         )
 
     def payload_length(self, n: int) -> int:
@@ -89,16 +121,25 @@ class ShamirSharing(SharingScheme):
         """One seed per random coefficient a_1 .. a_{t-1}."""
         return {k: prg.new_seed() for k in range(self.threshold - 1)}
 
-    def split(self, encoded: np.ndarray, *, holder: int = 0, seeds: Mapping[int, bytes] | None = None
-              ) -> list[Payload]:
+    def split(self, encoded: np.ndarray, *, holder: int = 0, seeds: Mapping[int, bytes] | None = None,
+              summands: int | None = None) -> list[Payload]:
         """Run by a Site: n shares of the limbs of `encoded` (`holder` plays no part: every share is alike);
-        the coefficients are the keystreams of `seeds` (fresh from the OS unless given: see `fresh_seeds`)."""
+        the coefficients are the keystreams of `seeds` (fresh from the OS unless given: see `fresh_seeds`).
+        `summands`: how many sites' shares will be summed; the limbs are masked for that many (`carry_masks`;
+        None: bare limbs, for tests of the field arithmetic alone)."""
         seeds = self.fresh_seeds() if seeds is None else _check_seeds(seeds, range(self.threshold - 1))
         ring = np.ascontiguousarray(encoded, dtype=np.uint64).reshape(-1)
         n = 2 * ring.size
         limbs, scratch = self._take(n), self._take(n)
         np.bitwise_and(ring, _LOW, out=limbs[: ring.size])
         np.right_shift(ring, _32, out=limbs[ring.size:])
+        bits = 0 if summands is None else carry_mask_bits(summands)
+        if bits:  # lo + 2^32 m and hi - m + 2^32 u: the same ring element, carries and signs hidden
+            m, u = carry_masks(seeds[0], ring.size, bits)
+            lo, hi = limbs[: ring.size], limbs[ring.size:]
+            np.add(hi, np.left_shift(u, _32, out=u), out=hi)
+            np.subtract(hi, m, out=hi)
+            np.add(lo, np.left_shift(m, _32, out=m), out=lo)
         coefficients = [field.random_elements(n, seeds[k]) for k in range(self.threshold - 1)]
         small = self.n_aggregators < 8  # evaluation points below 8: in-place multiplies, no temporaries
         payloads = []
@@ -124,8 +165,10 @@ class ShamirSharing(SharingScheme):
 
     def share(self, x: np.ndarray, codec: FixedPoint, *, holder: int = 0, out: np.ndarray | None = None,
               seeds: Mapping[int, bytes] | None = None, session: Any = None) -> list[Payload]:
-        """Run by a Site: encode and split (the shares are fresh vectors; `out` only holds the encoding)."""
-        return self.split(codec.encode(x, out=out), holder=holder, seeds=seeds)
+        """Run by a Site: encode and split (the shares are fresh vectors; `out` only holds the encoding), its
+        limbs masked for as many summands as the codec's sites (one for a per-site release, never summed)."""
+        return self.split(codec.encode(x, out=out), holder=holder, seeds=seeds,
+                          summands=getattr(codec, "max_sites", 1))
 
     def accumulate(self, acc: np.ndarray, payload: Payload) -> None:
         """Run by an Aggregator: acc += share (mod p)."""
