@@ -32,6 +32,11 @@ integer program solved nothing over its 51 grid levels within its time limit),
 nor a small site whose rows are mostly distinct (see
 tests/test_attacks_redteam_14.py). The refusal names the rule, never a count
 or a value.
+
+DeLong's test under DP (`stats.roc_tests`) judges each score, and the pair,
+the same way: its exact placement sums against the released samples are linear
+in the (score level x label) table, and two tests at different noise gave it
+whole (tests/test_attacks_redteam_17.py).
 """
 
 from __future__ import annotations
