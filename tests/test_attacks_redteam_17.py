@@ -2,7 +2,7 @@
 (embedded `Study.local`, the library API only; DP policies as red team 16's: (epsilon, delta) = (0.3, 0.4),
 l2-sensitivity 0.016, the analytic mechanism, sigma 0.0125, the least change that lets ``roctest`` run).
 
-Hole found (failed before its fix):
+Holes found (each test failed before its fix):
 
 1. DeLong's test under DP (``roc_test``): after the DP release of the scores, one round of exact integer sums
    (`roc.delong_sums`): per class, the sum of each record's placement numerator against the other class's
@@ -22,6 +22,20 @@ Hole found (failed before its fix):
    run (below); aSAH over 3 sites (pROC's data): s100b vs ndka runs as before; wfns (5 levels) vs s100b is
    refused in DP mode (its cells at a site hold 1..4 records), as the GLM over wfns already was; the demo's
    continuous GBSG2 score is not judged.
+
+2. The Brier score (default policy, no roles) beside a calibration curve over the same risk score of 8
+   levels, each in its own calibration bin. The curve withholds a site's small cells and tops the withheld
+   remainder up to min_cell_count records of each class; the Brier score's sse and log-loss are linear in the
+   (level x label) table, exact to 3 2^-33, with coefficients (p^2, 1 - 2p; -log(1 - p), log((1 - p) / p)) the
+   analyst knows. Less the released bins they are two equations over the withheld table, with generic
+   coefficients: an exhaustive search over every integer table of the withheld records (meeting in the middle,
+   1-3 s) found one, the truth, a lone case at the top level in it (a second data set: 28 withheld records over
+   3 levels, unique too, in 22 s). `milp` failed here (no answer in 20 s): the equations are too fine for it.
+   A Brier bootstrap's entry 0 is the same exact sse. Fixed at the sites (`stats.calibration.brier_cells`, the
+   brier and bootstrap plans' join checks): a score of at most `MAX_DESIGN_ROWS` values at a site (with its
+   weights, jointly) needs every cell of its table with the label 0 or >= min_cell_count, or the site refuses.
+   Cost: continuous scores and few-level scores with large cells run (below); the ~200 tests near the change
+   and the full suite's Brier runs (see the report), aSAH's wfns as a probability (5 levels) is refused.
 
 What held (played once each):
 
@@ -222,3 +236,114 @@ def test_non_private_delong_sums_are_those_of_the_released_exact_scores():
         control = delong_numerators(rel["positive"], rel["negative"], case=False)
         assert int(np.ravel(tot["case_sum"])[k]) == int(case.sum())
         assert int(np.ravel(tot["control_sum"])[k]) == int(control.sum())
+
+
+# 2 -- the Brier score's exact sums beside a calibration curve's released bins ----------------------------------
+
+#: A risk score of eight levels, each in its own calibration bin (the policy's ten equal bins).
+RISK = np.array([0.05, 0.13, 0.24, 0.36, 0.47, 0.58, 0.71, 0.83])
+BIG = [(12, 5), (10, 6), (9, 6), (8, 7), (7, 8), (6, 9), (5, 7), (5, 6)]  # (controls, cases) at each level
+
+
+def _risk_site(cells) -> dict:
+    y = np.concatenate([np.r_[np.zeros(c0, int), np.ones(c1, int)] for c0, c1 in cells])
+    return {"y": y, "p": np.repeat(RISK, [c0 + c1 for c0, c1 in cells])}
+
+
+def _risk_sites(top=((0, 5), (0, 1))) -> dict:
+    """Three sites whose cells are all large but h1's two top levels: five cases, then a lone case."""
+    return {"h0": _risk_site(BIG), "h1": _risk_site(BIG[:6] + list(top)), "h2": _risk_site(BIG)}
+
+
+def tables_meeting(coef, target, tol, total) -> list[np.ndarray]:
+    """Every integer table [records, cases at each level] (cases <= records, `total` records) whose two sums
+    ``coef @ [records, cases]`` are within `tol` of `target`: exhaustive, meeting in the middle (half the levels
+    each side, matched on the first sum, checked on the second)."""
+    levels = coef.shape[1] // 2
+    a = np.repeat(np.arange(total + 1), np.arange(total + 1) + 1)
+    c = np.concatenate([np.arange(k + 1) for k in range(total + 1)])
+
+    def half(ls):  # {records: (sums (2, m), tables (m, 2 * len(ls)))}
+        out = {0: (np.zeros((2, 1)), np.zeros((1, 0), int))}
+        for lv in ls:
+            nxt = {}
+            for t0, (v0, k0) in out.items():
+                for t1 in range(total - t0 + 1):
+                    pick = a == t1
+                    v1 = np.outer(coef[:, lv], a[pick]) + np.outer(coef[:, levels + lv], c[pick])
+                    v = (v0[:, :, None] + v1[:, None, :]).reshape(2, -1)
+                    k = np.c_[np.repeat(k0, pick.sum(), axis=0), np.tile(np.c_[a[pick], c[pick]], (len(k0), 1))]
+                    old = nxt.get(t0 + t1)
+                    nxt[t0 + t1] = (v, k) if old is None else (np.c_[old[0], v], np.r_[old[1], k])
+            out = nxt
+        return out
+
+    left, right = half(range(levels // 2)), half(range(levels // 2, levels))
+    found = []
+    for t, (vl, kl) in left.items():
+        if total - t not in right:
+            continue
+        vr, kr = right[total - t]
+        order = np.argsort(vr[0])
+        need = target[0] - vl[0]
+        lo, hi = np.searchsorted(vr[0][order], need - tol), np.searchsorted(vr[0][order], need + tol)
+        for i in np.flatnonzero(hi > lo):
+            for j in order[lo[i]:hi[i]]:
+                if abs(vl[1, i] + vr[1, j] - target[1]) <= tol:
+                    pairs = np.r_[kl[i], kr[j]].reshape(-1, 2)
+                    found.append(np.r_[pairs[:, 0], pairs[:, 1]])
+    return found
+
+
+def _withheld_view(data: dict):
+    """A calibration curve and a Brier score of p under the default policy: (spy, the integer tables of the
+    records the curve withheld that meet the Brier sums, the true withheld table), or (spy, None, None)."""
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    calls, aggregate = [], spy.study.aggregate
+    spy.study.aggregate = lambda q, p=None, *, frac_bits=None: calls.append(
+        (q, frac_bits, aggregate(q, p, frac_bits=frac_bits))) or calls[-1][2]
+    curve = spy.attempt(sr.stats.calibration_curve, "y", "p")
+    brier = spy.attempt(sr.stats.brier_score, "y", "p")
+    if curve is None or brier is None:
+        return spy, None, None
+    (_, fb_bins, bins), = [c for c in calls if c[0] == "calibration.bins"]
+    (_, fb, tot), = [c for c in calls if c[0] == "calibration.brier"]
+    at = np.searchsorted(np.linspace(0, 1, 11), RISK, side="left") - 1  # each level's (right-closed) bin
+    released = np.r_[np.ravel(bins["count"])[at], np.ravel(bins["sum_label"])[at]].astype(float)
+    coef = np.array([np.r_[RISK ** 2, 1 - 2 * RISK], np.r_[-np.log1p(-RISK), np.log1p(-RISK) - np.log(RISK)]])
+    sums = np.array([float(np.ravel(tot["sse"])[0]), float(np.ravel(tot["log_loss"])[0])])
+    total = int(round(float(np.ravel(tot["weight"])[0]) - released[:RISK.size].sum()))
+    y = np.concatenate([d["y"] for d in data.values()])
+    where = np.searchsorted(RISK, np.concatenate([d["p"] for d in data.values()]))
+    truth = np.r_[np.bincount(where, minlength=RISK.size), np.bincount(where[y == 1], minlength=RISK.size)]
+    tol = len(data) * 2.0 ** -(min(fb, fb_bins) + 1) * 8
+    assert np.all(np.abs(coef @ truth - sums) <= tol)  # the analyst's view: exact to the fixed point
+    return spy, tables_meeting(coef, sums - coef @ released, tol, total), truth - released
+
+
+def test_a_brier_score_beside_a_calibration_curve_does_not_give_the_cells_the_curve_withheld():
+    """Hole 2: h1 holds a lone case at the top level; its curve withholds that bin and, to make the withheld
+    remainder a cell of 5 or more, the five cases of the level below. The Brier score's two sums less the
+    released bins are two equations, exact to 2^-32, over the withheld table; every integer table meeting them
+    was enumerated (meeting in the middle, the 21 withheld records over 8 levels: those 6 and 15 at 0.24,
+    which another label's rule withheld at a site): one, the truth, the lone case's level and label in it.
+    Fixed: the Brier score's sites judge the score as a GLM's design (`design_cells`): refused."""
+    data = _risk_sites()
+    spy, found, withheld = _withheld_view(data)
+    if found is not None:
+        assert withheld[7] == withheld[15] == 1  # the lone case is among the withheld records
+        assert len(found) != 1, f"the withheld table read off a Brier score and a curve: {found} ({withheld})"
+    assert "the Brier score's exact sums would give that table" in spy.refusal()
+    assert "cross-table with y has a cell of fewer than 5 records" in spy.refusal()
+    # A Brier bootstrap's entry 0 is the exact squared-error sum: judged alike.
+    boot = Spy(sr.Study.local(data, policy=sr.Policy(analyses=("bootstrap", "brier", "calibration")), seed=1))
+    assert boot.attempt(sr.bootstrap_ci, "y", "p", statistic="brier", n_boot=100) is None
+    assert "the Brier score's exact sums would give that table" in boot.refusal()
+
+
+def test_a_brier_score_of_a_few_level_score_with_large_cells_or_many_values_still_runs():
+    spy, found, withheld = _withheld_view(_risk_sites(top=((5, 7), (5, 6))))
+    assert spy.error is None and withheld.sum() == 0  # nothing withheld, nothing to find
+    rng = np.random.default_rng(0)
+    data = {f"h{k}": {"y": rng.integers(0, 2, 80), "p": rng.uniform(0.05, 0.95, 80)} for k in range(3)}
+    assert Spy(sr.Study.local(data, policy=sr.Policy(), seed=1)).attempt(sr.stats.brier_score, "y", "p") is not None
