@@ -90,7 +90,11 @@ def twin_data() -> dict[str, dict[str, np.ndarray]]:
     """Other values, the same record counts; site-a's CSV columns are integer literals, site-b's are not."""
     data = strict_data(seed=77)
     a = data["site-a"]
-    a["score"] = (a["score"] > 0.5).astype(np.int64)  # an integer-valued score column ("0", "1")
+    # An integer-valued score column ("0", "1"), every cell of its table with y of 5 records or more: a binary
+    # score with a cell of 1 (score > 0.5 was) keeps the site out of a Brier run since red team 17.
+    a["score"] = np.zeros(a["y"].size, dtype=np.int64)
+    for c in (0, 1):
+        a["score"][np.flatnonzero(a["y"] == c)[::2]] = 1
     a["age"] = np.round(a["age"]).astype(np.int64)  # an integer-valued covariate
     b = data["site-b"]
     b["y"] = b["y"].astype(np.float64)  # labels written as "0.0" / "1.0": a float column

@@ -65,8 +65,13 @@ def test_distributed_equals_pooled_with_the_per_site_cell_rule(data):
         # but for a few records (seed-found: y = 0 at p = 0.2 but for 2 of 9 records, 1 at 0.1 and 0.3): the
         # near-combination rule refuses it, by its letter. That rule has its own tests; this one is about sums.
         assume("is a combination of" not in str(exc))
-        raise
-    assert brier == pytest.approx(pooled.brier_score(y, p), abs=TOL)
+        # Scores on 0.1 steps with a small (score x label) cell at a site: the Brier score is refused since red
+        # team 17 (its sums less the curve's bins would give the withheld cells); the curve itself still runs.
+        if "the Brier score's exact sums would give that table" not in str(exc):
+            raise
+        brier = None
+    if brier is not None:
+        assert brier == pytest.approx(pooled.brier_score(y, p), abs=TOL)
     got = calibration_curve(study, "y", "p")
     ref = pooled.calibration_curve(y, p, n_bins=n_bins, min_cell_count=cell, sites=_site_labels(sizes))
     np.testing.assert_array_equal(got.released, ref.released)

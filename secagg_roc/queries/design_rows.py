@@ -32,6 +32,11 @@ integer program solved nothing over its 51 grid levels within its time limit),
 nor a small site whose rows are mostly distinct (see
 tests/test_attacks_redteam_14.py). The refusal names the rule, never a count
 or a value.
+
+DeLong's test under DP (`stats.roc_tests`) judges each score, and the pair,
+the same way: its exact placement sums against the released samples are linear
+in the (score level x label) table, and two tests at different noise gave it
+whole (tests/test_attacks_redteam_17.py).
 """
 
 from __future__ import annotations
@@ -48,8 +53,16 @@ from .registry import SiteData
 MAX_DESIGN_ROWS = 32
 
 
-def design_cells(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int) -> list[str]:
-    """The refusal when the analysis's design rows are few and cross a label in 1..min_cell-1 records; [] if not."""
+#: What a GLM's rounds would give (the refusal's reason).
+GLM_ROUNDS = "the GLM's rounds would give that table"
+
+
+def design_cells(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int, *,
+                 because: str = GLM_ROUNDS, clip: tuple[float, float] | None = None) -> list[str]:
+    """The refusal when the analysis's design rows are few and cross a label in 1..min_cell-1 records; [] if not.
+
+    `because` ends the refusal: what the analysis's totals would give (the GLM's rounds by default). Arrays in
+    the role "score" are rows too, clipped to `clip` (the policy's score range) as the analysis clips them."""
     uses = list(uses)
     if min_cell <= 1:
         return []
@@ -60,6 +73,8 @@ def design_cells(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int)
         for name, column in _columns(site, array):
             if role == "label":
                 labels.append((name, column))
+            elif role == "score":
+                cols.append(column if clip is None else np.clip(column, *clip))
             elif role in ("covariate", "weight"):
                 cols.append(coarse_weights(column) if role == "weight" else column)
     if not cols or not labels:
@@ -75,7 +90,6 @@ def design_cells(site: SiteData, uses: Iterable[tuple[str, str]], min_cell: int)
     for name, label in labels:
         _, counts = np.unique(np.column_stack([rows, label]), axis=0, return_counts=True)
         if np.any((counts > 0) & (counts < min_cell)):
-            problems.append(f"the covariates take few distinct rows here (at most {MAX_DESIGN_ROWS}) and their "
-                            f"cross-table with {name} has a cell of fewer than {min_cell} records: the GLM's "
-                            "rounds would give that table")
+            problems.append(f"the {'scores' if any(r == 'score' for r, _ in uses) else 'covariates'} take few distinct rows here (at most {MAX_DESIGN_ROWS}) and their "
+                            f"cross-table with {name} has a cell of fewer than {min_cell} records: {because}")
     return problems

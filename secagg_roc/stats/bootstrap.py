@@ -96,7 +96,7 @@ from .bootstrap_arith import (
 )
 from .bootstrap_pooled import check_request, roc_replicates
 from .bootstrap_result import BootstrapResult
-from .calibration import probability_range
+from .calibration import brier_cells, probability_range
 from .roc_release import (
     PRIVACY_KEYS,
     RELEASE_QUERIES,
@@ -201,8 +201,13 @@ def _sends(policy: Policy, args: dict[str, Any]) -> set[str]:
     return set(RELEASE_QUERIES) | ({QUERIES[statistic]} if args["mode"] != "dp" else set())
 
 
+def _data_check(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    # A Brier bootstrap's entry 0 is the exact squared-error sum: judged as the Brier score's (red team 17).
+    return brier_cells(data, args, policy) if args["statistic"] == "brier" else []
+
+
 @plan("bootstrap", declare=_declare, uses=label_score_uses, min_records=lambda policy: policy.privacy_level,
-      queries=RELEASE_QUERIES | set(QUERIES.values()), sends=_sends)
+      queries=RELEASE_QUERIES | set(QUERIES.values()), sends=_sends, data_check=_data_check)
 def bootstrap_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, BootstrapResult | None]:
     """The ``bootstrap`` plan: (the score release, then) one round of replicate totals."""
     policy, statistic, n_boot = ctx.policy, args["statistic"], args["n_boot"]

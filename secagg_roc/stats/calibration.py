@@ -32,6 +32,7 @@ from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
 from ..queries.crossing import crossing_copies, quantile_copies
+from ..queries.design_rows import design_cells
 from ..queries.groups import policy_pool, small_groups
 from ..queries.label_cells import EVERY
 from .binning import bin_edges, quantile_edges
@@ -134,10 +135,26 @@ def _brier_uses(args: dict[str, Any]) -> list[tuple[str, str]]:
 MAX_WEIGHT = 1e4
 
 
+#: Why a Brier score refuses a few-level score whose table with the label has a small cell.
+BRIER_GIVES = "the Brier score's exact sums would give that table beside a calibration curve's released bins"
+
+
+def brier_cells(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    """Run by each Site at a Brier run's join (and a Brier bootstrap's): a score of few values at the site (with
+    its weights) is judged as a GLM's design (`queries.design_rows`). The squared-error and log-loss sums are
+    linear in its (value x label) table, exact to 2^-32, and less a calibration curve's released bins they are
+    two equations over the cells the curve withheld, whose only integer solution gave a lone case's value and
+    label (tests/test_attacks_redteam_17.py)."""
+    uses = [("score", args["score"]), ("label", args["label"])]
+    uses += [("weight", args["weights"])] if args.get("weights") else []
+    return design_cells(data, uses, policy.min_cell_count, because=BRIER_GIVES, clip=tuple(probability_range(policy)))
+
+
 def _brier_small_groups(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    problems = brier_cells(data, args, policy)
     # A weight that singles out a few records would make the weighted sums theirs.
-    if not args.get("weights"):
-        return []
+    if problems or not args.get("weights"):
+        return problems
     problems = small_groups(data, _brier_uses(args), policy.min_cell_count, pool=policy_pool(policy, data))
     w = np.asarray(data.array(args["weights"]), dtype=float)
     if w.size and np.nanmax(np.abs(w)) > MAX_WEIGHT:

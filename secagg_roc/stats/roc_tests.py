@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generator
 
 from ..plans import PlanContext, Step, plan, run_analysis
+from ..queries.design_rows import design_cells
 from ..policy import Policy
 from .roc_arith import exact_sum_limit
 from .roc_compare import (
@@ -71,6 +72,31 @@ def _uses(args: dict[str, Any]) -> list[tuple[str, str]]:
     return [("label", args["label"]), ("score", args["score1"]), ("score", args["score2"])]
 
 
+#: Why a DP test refuses a few-level score whose table with the label has a small cell.
+DELONG_GIVES = "the exact DeLong sums against DP releases would give that table"
+
+
+def _few_levels(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    """Run by each Site at a DP test's join (red team 17): each score, and the pair, judged as a GLM's design.
+
+    The exact sums of placement numerators and of their squares are linear in the (score level x label)
+    table, with coefficients the analyst knows (the released samples give each level's numerator); each
+    test at another noise level (a fresh release) adds four integer equations, and two or three such tests
+    gave every cell to an integer program, a lone control's among them
+    (tests/test_attacks_redteam_17.py). So where a score takes at most `MAX_DESIGN_ROWS` distinct values at
+    the site (`queries.design_rows`), every cell of its table with the label holds 0 or at least
+    ``min_cell_count`` records, or the site refuses. The non-private mode releases the exact scores anyway."""
+    if args.get("mode") != "dp":
+        return []
+    label, names = args["label"], list(dict.fromkeys((args["score1"], args["score2"])))
+    for group in [[n] for n in names] + ([names] if len(names) == 2 else []):
+        problems = design_cells(data, [("score", n) for n in group] + [("label", label)], policy.min_cell_count,
+                                because=DELONG_GIVES, clip=policy.score_range)
+        if problems:
+            return problems
+    return []
+
+
 def _fits_exact_sums(ctx: PlanContext) -> None:
     """Integer sums must not wrap the ring: a public bound from the run's record count and the study's sites."""
     if exact_sum_limit(ctx.run.records) > (2**63 - 1) // max(1, ctx.n_sites):
@@ -82,7 +108,7 @@ DELONG_SUMS = "roc.delong_sums"
 
 
 @plan("roctest", declare=_declare, uses=_uses, min_records=lambda policy: policy.privacy_level,
-      queries=RELEASE_QUERIES | {DELONG_SUMS})
+      queries=RELEASE_QUERIES | {DELONG_SUMS}, data_check=_few_levels)
 def roctest_rounds(ctx: PlanContext, args: dict[str, Any]) -> Generator[Step, Any, RocTest]:
     """The ``roctest`` plan: counts, one score release per score, one round of exact DeLong sums."""
     scores = [args["score1"], args["score2"]]
