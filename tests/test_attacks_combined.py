@@ -90,7 +90,13 @@ def test_a_score_on_a_calibration_edge_is_not_given_back_by_the_bin_minus_its_bu
     d["p"] = np.r_[d["p"], np.full(10, 0.05), 0.1]
     study = _study(data, analyses=("score_histogram", "calibration"), histogram_bins=20)
     h = sr.score_histogram(study, label="y", score="p")
-    cal = sr.calibration_curve(study, "y", "p")
+    try:
+        cal = sr.calibration_curve(study, "y", "p")
+    except sr.SecAggError as exc:
+        # Since red team 17 h1 refuses this curve outright (its lone 0.1 shares a bin with its 0.05s, so the
+        # bin's count and sum of predictions alone would split it off); the histogram's edge fix stands besides.
+        assert "shares a calibration bin with another" in str(exc)
+        return
     below = int(h.negatives[:2].sum() + h.positives[:2].sum())  # the buckets [0, 0.05) and [0.05, 0.1)
     count = 0 if np.isnan(cal.count[0]) else int(cal.count[0])
     cases = 0 if count == 0 else int(round(cal.observed[0] * count))

@@ -39,8 +39,11 @@ Holes found (each test failed before its fix):
    were refused (red team 16's 12-level score, a hypothesis example of 0.1-step scores in test_calibration, and
    the deployed twin's binary score with a cell of one), each now adapted.
 
-Found, not fixed (strict xfail below): a calibration bin's exact sum of predictions splits its released count
-between the (known) score values inside the bin, a value held by one record among them (its label stays open).
+3. A calibration bin's exact sum of predictions split its released count between the (known) score values
+   inside the bin: a value held by one record among them (its label open). Fixed after the red team: a site
+   whose score takes at most 32 values refuses the curve where one of them holds 1..min_cell-1 records and
+   shares a bin with another value (`calibration.shared_bin_values`, at the plan's join; under quantile bins,
+   whose edges come from the release, any value of so few; not in non-private mode).
 
 What held (played once each):
 
@@ -60,7 +63,6 @@ from __future__ import annotations
 import warnings
 
 import numpy as np
-import pytest
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 import secagg_roc as sr
@@ -357,24 +359,30 @@ def test_a_brier_score_of_a_few_level_score_with_large_cells_or_many_values_stil
     assert Spy(sr.Study.local(data, policy=sr.Policy(), seed=1)).attempt(sr.stats.brier_score, "y", "p") is not None
 
 
-@pytest.mark.xfail(strict=True, reason="VULN: a calibration bin's exact sum of predictions splits its released count "
-                   "between the score's values in the bin: a value held by one record (no label) among them; fix: "
-                   "calibration.bins judges a score of few values at a site as the Federated histogram judges its "
-                   "buckets (each value's count 0 or >= min_cell_count), or withholds sum_pred there")
-def test_a_calibration_bins_sum_of_predictions_does_not_give_a_score_value_of_one_record():
-    """Found, not fixed: ten risk levels, one per calibration bin, and at h1 one patient at 0.28 beside the 0.22s
-    of bin (0.2, 0.3]. The bin's count and sum of predictions are two equations over the two values' counts:
-    one record at 0.28, exactly (its label stays open: the Brier score, the GLM and a DP DeLong test over this
-    score are refused now, its value held by one record)."""
+def _ten_levels(odd: float | None) -> dict:
+    """Ten risk levels, one per calibration bin, 10 records each at three sites; `odd`: one of h1's patients at
+    that value instead of 0.22 (bin (0.2, 0.3])."""
     data = {}
     for k in range(3):
         data[f"h{k}"] = {"y": np.tile(np.r_[np.zeros(5, int), np.ones(5, int)], 10),
                          "p": np.repeat([0.05, 0.15, 0.22, 0.35, 0.45, 0.55, 0.65, 0.75, 0.85, 0.95], 10)}
-    data["h1"]["p"] = data["h1"]["p"].copy()
-    data["h1"]["p"][29] = 0.28
-    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
-    assert spy.attempt(sr.stats.calibration_curve, "y", "p") is not None
-    (tot,), = [[t for q, t in run if q == "calibration.bins"] for run in spy.runs.values() if len(run) > 1]
-    count, pred = float(np.ravel(tot["count"])[2]), float(np.ravel(tot["sum_pred"])[2])
-    at_028 = (pred - 0.22 * count) / (0.28 - 0.22)
-    assert not (count > 0 and abs(at_028 - round(at_028)) < 1e-6 and round(at_028) == 1), "one record at 0.28"
+    if odd is not None:
+        data["h1"]["p"] = data["h1"]["p"].copy()
+        data["h1"]["p"][29] = odd
+    return data
+
+
+def test_a_calibration_bins_sum_of_predictions_does_not_give_a_score_value_of_one_record():
+    """Hole 3 (found by red team 17, fixed after it): ten risk levels, one per calibration bin, and at h1 one
+    patient at 0.28 beside the 0.22s of bin (0.2, 0.3]. The bin's count and sum of predictions were two
+    equations over the two values' counts: one record at 0.28, exactly (its label open). Now a site whose score
+    takes few values (at most `MAX_DESIGN_ROWS`) refuses the curve where one of them, held by 1..min_cell-1
+    records, shares a bin with another value, naming the rule; the same score without the lone value still
+    gives its curve."""
+    spy = Spy(sr.Study.local(_ten_levels(0.28), policy=sr.Policy(), seed=1))
+    assert spy.attempt(sr.stats.calibration_curve, "y", "p") is None
+    assert "shares a calibration bin with another" in spy.refusal() and "h1" in spy.refusal()
+    assert "calibration.bins" not in spy.released()
+    honest = Spy(sr.Study.local(_ten_levels(None), policy=sr.Policy(), seed=1))
+    curve = honest.attempt(sr.stats.calibration_curve, "y", "p")
+    assert curve is not None and "calibration.bins" in honest.released()

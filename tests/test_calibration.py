@@ -51,7 +51,7 @@ def split_predictions(draw):
     return y, p, sizes, draw(st.integers(2, 20)), draw(st.integers(1, 8)), cell
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(split_predictions())
 def test_distributed_equals_pooled_with_the_per_site_cell_rule(data):
     y, p, sizes, n_bins, q, cell = data
@@ -72,7 +72,13 @@ def test_distributed_equals_pooled_with_the_per_site_cell_rule(data):
         brier = None
     if brier is not None:
         assert brier == pytest.approx(pooled.brier_score(y, p), abs=TOL)
-    got = calibration_curve(study, "y", "p")
+    try:
+        got = calibration_curve(study, "y", "p")
+    except SiteQueryError as exc:
+        # Scores on 0.1 steps, a value of few records sharing a bin with another at a site: refused since red
+        # team 17 (the bin's count and sum of predictions would split it between them).
+        assume("shares a calibration bin with another" not in str(exc))
+        raise
     ref = pooled.calibration_curve(y, p, n_bins=n_bins, min_cell_count=cell, sites=_site_labels(sizes))
     np.testing.assert_array_equal(got.released, ref.released)
     np.testing.assert_allclose(got.count, ref.count, atol=0)  # NaN where nothing was released, in both

@@ -184,6 +184,32 @@ def test_a_shamir_deployment_goes_on_without_an_aggregator_that_is_down(shamir) 
                 shamir.start_party(name)
 
 
+def test_analyze_runs_with_one_aggregator_of_a_shamir_quorum_down_and_says_so(shamir, tmp_path, capsys) -> None:
+    """2-of-3 with agg-3 down: `secagg-roc analyze` warns that the scheme goes on with 2 of the 3 and runs; with
+    agg-2 down too, it stops before any round, naming an aggregator that is down and how many must run."""
+    from secagg_roc.cli import main
+
+    try:
+        for site in shamir.site_names:  # an earlier test restarted aggregators: every site is back at each
+            shamir.wait_site(site)
+        shamir.kill("agg-3")
+        analyze = ["analyze", "--study", str(shamir.study_file), "--epsilon", "none", "--out"]
+        assert main([*analyze, str(tmp_path / "one")]) == 0
+        err = capsys.readouterr().err
+        assert "warning:" in err and "agg-3" in err and "goes on with 2 of the 3 aggregators" in err
+        assert (tmp_path / "one" / "report.txt").exists()
+        shamir.kill("agg-2")
+        assert main([*analyze, str(tmp_path / "two")]) == 1
+        err = capsys.readouterr().err
+        assert "2 of the 3 aggregators must be running before an analysis" in err
+        assert not (tmp_path / "two" / "report.txt").exists()
+    finally:
+        for name in ("agg-2", "agg-3"):
+            proc = shamir.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                shamir.start_party(name)
+
+
 @pytest.mark.parametrize("down", [None, "agg-1"])
 def test_two_analyst_clients_expecting_one_round_number_both_run_under_a_threshold_scheme(shamir, down) -> None:
     """2-of-3, every aggregator up or the first one down: another client's join took number N at the first live

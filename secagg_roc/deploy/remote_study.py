@@ -68,7 +68,7 @@ from .config_read import load_study
 from .config_schema import AnalystConfig, StudyConfig, with_article
 from .http import AggregatorClient
 from .http_protocol import ServiceError, TransportError, exception_for
-from .site_presence import absent_sites
+from .site_presence import absent_sites, aggregators_up
 from .revocation import RevocationList
 from .tls import client_ssl_context
 
@@ -166,11 +166,13 @@ class RemoteStudy(Study):
         return [n for a, c in zip(arrays, cols) for n in ([a] if isinstance(c, str) else c)]
 
     def preflight(self, timeout: float = 5.0) -> list[str]:
-        """Run by the Analyst before a run: every aggregator answers and every site follows them, within seconds.
+        """Run by the Analyst before a run: the aggregators answer and every site follows them, within seconds.
 
-        Raises `TransportError` naming an aggregator that does not answer, and
-        one naming a site whose agent no aggregator has heard from recently
-        (unless the policy allows dropouts: then that is a returned warning).
+        Raises `TransportError` naming an aggregator that does not answer
+        (under a threshold scheme only when fewer than t answer; the others are
+        returned warnings), and one naming a site whose agent no aggregator has
+        heard from recently (unless the policy allows dropouts: then that is a
+        returned warning).
         """
         return self._call(self._preflight(timeout))
 
@@ -185,19 +187,14 @@ class RemoteStudy(Study):
                                      f"{timeout:g} s") from None
 
         infos = await asyncio.gather(*(ask(c) for c in self.clients), return_exceptions=True)
-        for client, info in zip(self.clients, infos):
-            if isinstance(info, BaseException) and not isinstance(info, TransportError):
-                raise info  # a certificate or configuration problem says what to fix itself
-            if isinstance(info, BaseException):
-                raise TransportError(f"{info} -- every aggregator must be running before an analysis "
-                                     f"(`secagg-roc status --study {self.config.source or 'study.toml'}` shows who "
-                                     "is up)") from None
-        self._sync(infos)  # type: ignore[arg-type]
+        status = f"`secagg-roc status --study {self.config.source or 'study.toml'}` shows who is up"
+        clients, answered, warnings = aggregators_up(self.clients, infos, self.scheme.threshold, status)
+        self._sync(answered, clients)
         study_file = self.config.source.name if self.config.source is not None else "study.toml"
-        problems = absent_sites(self.clients, infos, self.sites, study_file)  # type: ignore[arg-type]
+        problems = absent_sites(clients, answered, self.sites, study_file)
         if problems and not self.policy.allow_dropouts:
             raise TransportError(f"{problems[0]}; the policy allows no dropouts, so no analysis can run without it")
-        return problems
+        return warnings + problems
 
     def info(self) -> list[dict[str, Any]]:
         """Every aggregator's /v1/info (a quick check that the deployment is up; it also syncs the round numbers)."""
@@ -208,10 +205,12 @@ class RemoteStudy(Study):
         self._sync(infos)
         return infos
 
-    def _sync(self, infos: list[dict[str, Any]]) -> None:
-        """Check every aggregator serves this study's policy; take the next free round number from them."""
+    def _sync(self, infos: list[dict[str, Any]], clients: list[AggregatorClient] | None = None) -> None:
+        """Check every aggregator (`clients`: those that gave `infos`) serves this study's policy; take the next
+        free round number from them."""
         digest = self.policy.digest()
-        clients = [c for j, c in enumerate(self.clients) if j not in self._absent]
+        if clients is None:
+            clients = [c for j, c in enumerate(self.clients) if j not in self._absent]
         for client, info in zip(clients, infos):
             if info.get("policy") != digest:
                 raise ConfigError(

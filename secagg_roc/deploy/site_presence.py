@@ -16,7 +16,9 @@ import logging
 import time
 from typing import Any, Iterable
 
-__all__ = ["SitePresence", "SITE_STALE_S", "connected"]
+from .http_protocol import TransportError
+
+__all__ = ["SitePresence", "SITE_STALE_S", "connected", "absent_sites", "aggregators_up"]
 
 #: A site agent polls every aggregator's feed at least every 20 s while it runs: one not heard
 #: from for this long is not running, or cannot reach the aggregator.
@@ -86,3 +88,22 @@ def absent_sites(clients: list[Any], infos: list[dict[str, Any]], sites: tuple[s
                        f"agent must run (secagg-roc site --study {study_file} --name {site}) and reach {client.config.url}")
             break
     return out
+
+
+def aggregators_up(clients: list[Any], infos: list[Any], need: int,
+                   status: str) -> tuple[list[Any], list[dict[str, Any]], list[str]]:
+    """Run by the Analyst (`RemoteStudy.preflight`): (the aggregators that answered, their infos, a warning per
+    one that did not) from `infos` (an info or the exception of each of `clients`). `TransportError` when one
+    did not and the scheme needs all (`need` >= len(clients)), or fewer than `need` answered; another error (a
+    certificate or configuration problem) is raised as it is: it says what to fix itself."""
+    down = [(c, i) for c, i in zip(clients, infos) if isinstance(i, BaseException)]
+    for _, error in down:
+        if not isinstance(error, TransportError):
+            raise error
+    if down and (need >= len(clients) or len(clients) - len(down) < need):
+        who = "every aggregator" if need >= len(clients) else f"{need} of the {len(clients)} aggregators"
+        raise TransportError(f"{down[0][1]} -- {who} must be running before an analysis ({status})")
+    up = [(c, i) for c, i in zip(clients, infos) if not isinstance(i, BaseException)]
+    warnings = [f"{error}: the scheme goes on with {need} of the {len(clients)} aggregators ({status})"
+                for _, error in down]
+    return [c for c, _ in up], [i for _, i in up], warnings

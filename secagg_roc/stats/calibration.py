@@ -32,10 +32,10 @@ from ..errors import PolicyError
 from ..plans import PlanContext, Step, label_score_uses, plan, pooled_samples, run_analysis
 from ..policy import Policy
 from ..queries.crossing import crossing_copies, quantile_copies
-from ..queries.design_rows import design_cells
+from ..queries.design_rows import MAX_DESIGN_ROWS, design_cells
 from ..queries.groups import policy_pool, small_groups
 from ..queries.label_cells import EVERY
-from .binning import bin_edges, quantile_edges
+from .binning import bin_edges, bin_index, quantile_edges
 from .glm import precision
 from .results import TRUSTED_HOST, TRUSTED_HOST_NOTE, CalibrationCurve
 from .roc_release import SCORES
@@ -274,12 +274,37 @@ def _calibration_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
     return {"calibration.bins"} | ({SCORES} if args.get("strategy") == "quantile" else set())
 
 
+def shared_bin_values(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
+    """Run by each Site at a calibration curve's join: where its score takes few values (at most
+    `MAX_DESIGN_ROWS`, two records each on average), none held by 1..min_cell-1 records may share a bin with
+    another value. A bin's count and exact sum of predictions over two known values give each one's count: one
+    record at 0.28 beside the 0.22s (red team 17). A value alone in its bin is the bin, withheld when small;
+    under quantile bins the edges come later, from the release, so any two values may share one."""
+    score, min_cell = args["score"], policy.min_cell_count
+    if min_cell <= 1 or score not in data.arrays or np.ndim(data.arrays[score]) != 1:
+        return []
+    p = np.clip(np.asarray(data.arrays[score], dtype=float), *probability_range(policy))
+    values, counts = np.unique(p[np.isfinite(p)], return_counts=True)
+    if values.size > MAX_DESIGN_ROWS or 2 * values.size > p.size:
+        return []
+    shared = np.ones(values.size, dtype=bool)
+    if args.get("strategy") != "quantile":
+        bins = bin_index(values, args["n_bins"])
+        shared = np.bincount(bins, minlength=args["n_bins"])[bins] >= 2
+    if np.any(shared & (counts < min_cell)):
+        return [f"the scores take few distinct values here (at most {MAX_DESIGN_ROWS}) and one of them, held by "
+                f"fewer than {min_cell} records, shares a calibration bin with another: the bin's count and sum "
+                "of predictions would split it between them"]
+    return []
+
+
 def _calibration_crossing(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
     # Uniform bins of a score and of a recalibrated copy of it are one score's over crossing bins; quantile
     # bins of two scores in one order come from two DP releases and always cross (exact scores: nothing to hide).
-    if args.get("strategy") == "quantile":
-        return [] if args.get("mode") == "non-private" else quantile_copies(data, args, policy)
-    return crossing_copies(data, args, policy)
+    if args.get("mode") == "non-private":
+        return []
+    crossing = (quantile_copies if args.get("strategy") == "quantile" else crossing_copies)(data, args, policy)
+    return crossing or shared_bin_values(data, args, policy)
 
 
 @plan("calibration", declare=_calibration_declare, uses=label_score_uses, min_records=_calibration_min_records,
