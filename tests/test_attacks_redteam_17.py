@@ -386,3 +386,25 @@ def test_a_calibration_bins_sum_of_predictions_does_not_give_a_score_value_of_on
     honest = Spy(sr.Study.local(_ten_levels(None), policy=sr.Policy(), seed=1))
     curve = honest.attempt(sr.stats.calibration_curve, "y", "p")
     assert curve is not None and "calibration.bins" in honest.released()
+
+
+def test_a_score_of_many_values_elsewhere_still_cannot_split_a_bin_of_two():
+    """Found reviewing hole 3's fix: the rule judged only scores of at most 32 values at the site, but the
+    split needs only the bin's own values. h1's risk levels plus 30 finer values, twice each, in bin (0.5, 0.6]
+    (41 values in all) left bin (0.2, 0.3] of nine 0.22s and one 0.28 unjudged, and its count and sum of
+    predictions gave the lone 0.28. A bin of two or three values, repeated, is judged whatever the rest."""
+    data = _ten_levels(0.28)
+    extra = np.round(0.501 + 0.001 * np.arange(30), 3)
+    data["h1"] = {"y": np.r_[data["h1"]["y"], np.tile([0, 1], 30)], "p": np.r_[data["h1"]["p"], np.repeat(extra, 2)]}
+    assert np.unique(data["h1"]["p"]).size > MAX_DESIGN_ROWS
+    spy = Spy(sr.Study.local(data, policy=sr.Policy(), seed=1))
+    curve = spy.attempt(sr.stats.calibration_curve, "y", "p")
+    if curve is not None:
+        (tot,), = [[t for q, t in run if q == "calibration.bins"] for run in spy.runs.values() if len(run) > 1]
+        count, pred = float(np.ravel(tot["count"])[2]), float(np.ravel(tot["sum_pred"])[2])
+        at_028 = (pred - 0.22 * count) / (0.28 - 0.22)
+        assert not (abs(at_028 - round(at_028)) < 1e-6 and round(at_028) == 1), "one record at 0.28"
+    assert curve is None and "shares a calibration bin with another" in spy.refusal()
+    # The finer values of bin (0.5, 0.6] (30 of them, two records each) are not judged: too many to split.
+    data["h1"]["p"][29] = 0.22
+    assert Spy(sr.Study.local(data, policy=sr.Policy(), seed=1)).attempt(sr.stats.calibration_curve, "y", "p")
