@@ -274,34 +274,27 @@ def _calibration_sends(policy: Policy, args: dict[str, Any]) -> set[str]:
     return {"calibration.bins"} | ({SCORES} if args.get("strategy") == "quantile" else set())
 
 
-#: A bin of at most this many distinct values, each repeated, is judged whatever the score's other values: its
-#: count and sum of predictions pin a value's count (two values: exactly; three: often, over few records).
-FEW_IN_A_BIN = 3
-
-
 def shared_bin_values(data: Any, args: dict[str, Any], policy: Policy) -> list[str]:
-    """Run by each Site at a calibration curve's join: no value held by 1..min_cell-1 records may share a bin
-    with another value, where the values are few and repeated (two records each on average): the score's at the
-    site (at most `MAX_DESIGN_ROWS`), or the bin's own (at most `FEW_IN_A_BIN`). A bin's count and exact
-    sum of predictions over two known values give each one's count: one record at 0.28 beside the 0.22s (red
-    team 17), whatever values the score takes elsewhere. A value alone in its bin is the bin, withheld when
-    small; under quantile bins the edges come later, from the release, so any two values may share one."""
+    """Run by each Site at a calibration curve's join: where its score takes few values (at most
+    `MAX_DESIGN_ROWS`, two records each on average), none held by 1..min_cell-1 records may share a bin with
+    another value. A bin's count and exact sum of predictions over two known values give each one's count: one
+    record at 0.28 beside the 0.22s (red team 17). A value alone in its bin is the bin, withheld when small;
+    under quantile bins the edges come later, from the release, so any two values may share one."""
     score, min_cell = args["score"], policy.min_cell_count
     if min_cell <= 1 or score not in data.arrays or np.ndim(data.arrays[score]) != 1:
         return []
     p = np.clip(np.asarray(data.arrays[score], dtype=float), *probability_range(policy))
     values, counts = np.unique(p[np.isfinite(p)], return_counts=True)
-    quantile = args.get("strategy") == "quantile"
-    bins = np.zeros(values.size, dtype=np.int64) if quantile else bin_index(values, args["n_bins"])
-    distinct = np.bincount(bins, minlength=int(bins.max(initial=0)) + 1)
-    records = np.bincount(bins, weights=counts, minlength=distinct.size)
-    few_values = values.size <= MAX_DESIGN_ROWS and 2 * values.size <= p.size  # the score's, as design_cells
-    few_here = ((distinct <= FEW_IN_A_BIN) & (2 * distinct <= records))[bins]  # the bin's own, repeated
-    judged = (few_values | few_here) & (distinct >= 2)[bins]
-    if np.any(judged & (counts < min_cell)):
-        return [f"the scores take few distinct values in a calibration bin here and one of them, held by fewer "
-                f"than {min_cell} records, shares a calibration bin with another: the bin's count and sum of "
-                "predictions would split it between them"]
+    if values.size > MAX_DESIGN_ROWS or 2 * values.size > p.size:
+        return []
+    shared = np.ones(values.size, dtype=bool)
+    if args.get("strategy") != "quantile":
+        bins = bin_index(values, args["n_bins"])
+        shared = np.bincount(bins, minlength=args["n_bins"])[bins] >= 2
+    if np.any(shared & (counts < min_cell)):
+        return [f"the scores take few distinct values here (at most {MAX_DESIGN_ROWS}) and one of them, held by "
+                f"fewer than {min_cell} records, shares a calibration bin with another: the bin's count and sum "
+                "of predictions would split it between them"]
     return []
 
 
